@@ -641,27 +641,15 @@ def build_reference(vertices, faces, config: SAHConfig):
 
 
 def summarize_tree(tree) -> dict:
-    """The per-mesh numbers printed by ``build`` and ``info``.
+    """The numbers printed by ``build`` and ``info``: ``tree.stats()``.
 
     Returns
     -------
     dict
-        ``triangles, degenerate, nodes, leaves, refs_per_tri, sah_cost`` plus
-        every entry of ``tree.stats()``.
+        At least ``triangles, degenerate, nodes, leaves, refs_per_tri,
+        sah_cost`` (see :func:`kdtree_gpu.tree_check.tree_stats`).
     """
-    stats = dict(tree.stats())
-    num_valid = max(tree.num_triangles - tree.num_degenerate, 1)
-    summary = {
-        "triangles": tree.num_triangles,
-        "degenerate": tree.num_degenerate,
-        "nodes": tree.num_nodes,
-        "leaves": int(tree.leaf_mask().sum()),
-        "refs_per_tri": tree.num_refs / num_valid,
-        "sah_cost": stats.get("sah_cost"),
-    }
-    for key, value in stats.items():
-        summary.setdefault(key, value)
-    return summary
+    return dict(tree.stats())
 
 
 def format_summary(label: str, summary: dict, build_ms: Optional[float] = None) -> str:
