@@ -1,0 +1,721 @@
+"""Level-by-level full-SAH kd-tree builder (GPU with CuPy, CPU with NumPy).
+
+The method of the GAPT part 11 post (section 11.2), generalized to Wald &
+Havran's exact rules (the build rules R1-R10 in :mod:`cpu_reference`):
+
+* per axis, structure-of-arrays events (position, kind, reference, segment)
+  built and sorted once at the root;
+* per level, for all nodes of the level at once:
+  :func:`compute_split_costs` (left / planar / right counts from scans, the
+  SAH cost of every candidate plane, planar triangles tried on both sides),
+  :func:`select_best_splits` (segmented arg-min with the reference's
+  tie-breaking), :func:`decide_leaves`, :func:`classify_triangles`,
+  :func:`emit_level` (node records and leaf triangle lists),
+  :func:`split_refs` and :func:`split_events` (stable compaction of the
+  triangle references and of every axis's events into the children: order
+  kept, never re-sorted), :func:`make_child_nodes`;
+* stop when a level has no node left.
+
+The same stage functions run on NumPy arrays (``device="cpu"``) and on CuPy
+arrays (``device="cuda"``); ``xp`` is the array module of the backend.
+
+The three axes' events live in one array, ordered by segment, then position,
+kind and reference. A segment is one (axis, node) pair: ``seg = axis * n + node``
+for the ``n`` nodes of the level. Triangle references (``ref_*``) are ordered
+by node, then triangle index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Optional
+
+import numpy as np
+
+from . import encoding as enc
+from .backend import resolve_device
+from .config import SAHConfig
+from .geometry import prepare_mesh
+from .launch import stage
+from .primitives import exclusive_scan, segmented_argmin, upper_bound
+from .tree import KdTree
+
+# Packing of the root sort key: (position bits << 32) | (kind << 30) | reference.
+_REF_BITS = 30
+MAX_TRIANGLES = (1 << _REF_BITS) - 1
+
+
+# --- structures of arrays ------------------------------------------------------
+@dataclasses.dataclass
+class EventSoA:
+    """Events of all nodes of a level, all three axes in one array.
+
+    Attributes
+    ----------
+    event_pos : (num_events,) float32
+    event_kind : (num_events,) int8
+        ``EVENT_END < EVENT_PLANAR < EVENT_START``.
+    event_ref : (num_events,) int32
+        Index of the event's triangle reference in the level's ``RefSoA``.
+    event_seg : (num_events,) int32
+        ``axis * num_nodes + node``; events are sorted by segment first.
+    """
+
+    event_pos: object
+    event_kind: object
+    event_ref: object
+    event_seg: object
+
+    @property
+    def size(self) -> int:
+        return int(self.event_pos.shape[0])
+
+
+@dataclasses.dataclass
+class RefSoA:
+    """Triangle references (node-triangle pairs) of a level, sorted by node.
+
+    Attributes
+    ----------
+    ref_tri : (num_refs,) int32
+        Triangle index into the mesh.
+    ref_node : (num_refs,) int32
+        Node (within the level) holding the reference.
+    """
+
+    ref_tri: object
+    ref_node: object
+
+    @property
+    def size(self) -> int:
+        return int(self.ref_tri.shape[0])
+
+
+@dataclasses.dataclass
+class NodeSoA:
+    """Nodes of one level.
+
+    Attributes
+    ----------
+    node_lo, node_hi : (num_nodes, 3) float32
+        Node boxes.
+    node_ref_offset : (num_nodes + 1,) int64
+        Node ``i`` owns references ``[node_ref_offset[i], node_ref_offset[i+1])``.
+    seg_event_offset : (3 * num_nodes + 1,) int64
+        Segment ``s = axis * num_nodes + node`` owns events
+        ``[seg_event_offset[s], seg_event_offset[s+1])``.
+    """
+
+    node_lo: object
+    node_hi: object
+    node_ref_offset: object
+    seg_event_offset: object
+
+    @property
+    def size(self) -> int:
+        return int(self.node_lo.shape[0])
+
+
+@dataclasses.dataclass
+class BestSplit:
+    """Per-node outcome of the split search.
+
+    Attributes
+    ----------
+    node_cost : (num_nodes,) float64
+        Best split cost (``inf`` when there is no candidate).
+    node_axis : (num_nodes,) int8
+    node_pos : (num_nodes,) float32
+    node_side : (num_nodes,) int8
+        Side of the planar triangles lying in the plane (``SIDE_LEFT``/``SIDE_RIGHT``).
+    """
+
+    node_cost: object
+    node_axis: object
+    node_pos: object
+    node_side: object
+
+
+# --- build stages ----------------------------------------------------------------
+def create_root_events(xp, tri_lo, tri_hi, ref_tri):
+    """Make the root's events for the three axes and sort them (R3).
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32
+        Triangle boxes.
+    ref_tri : (num_refs,) int32
+        The root's (non-degenerate) triangles, ascending.
+
+    Returns
+    -------
+    EventSoA
+        Sorted by (axis, position, kind, reference) with a single node.
+    """
+    from .primitives import float_to_ordered_uint, radix_sort
+
+    num_refs = int(ref_tri.shape[0])
+    refs = xp.arange(num_refs, dtype=np.int64)
+    pos_parts, kind_parts, ref_parts, seg_parts = [], [], [], []
+    for axis in range(3):
+        lo = tri_lo[ref_tri, axis]
+        hi = tri_hi[ref_tri, axis]
+        planar = lo == hi
+        # Non-planar triangles: an END at hi and a START at lo; planar: one PLANAR at lo.
+        nonplanar = ~planar
+        end_pos = hi[nonplanar]
+        end_ref = refs[nonplanar]
+        start_pos = lo[nonplanar]
+        planar_pos = lo[planar]
+        planar_ref = refs[planar]
+        pos = xp.concatenate([end_pos, planar_pos, start_pos])
+        ref = xp.concatenate([end_ref, planar_ref, end_ref])
+        kind = xp.concatenate([
+            xp.full(end_pos.shape[0], enc.EVENT_END, dtype=np.int64),
+            xp.full(planar_pos.shape[0], enc.EVENT_PLANAR, dtype=np.int64),
+            xp.full(start_pos.shape[0], enc.EVENT_START, dtype=np.int64),
+        ])
+        # Unique 64-bit keys: any sort yields the one order of rule R3.
+        key = ((float_to_ordered_uint(pos).astype(np.uint64) << np.uint64(32))
+               | (kind.astype(np.uint64) << np.uint64(_REF_BITS))
+               | ref.astype(np.uint64))
+        _, order = radix_sort(key, xp.arange(key.shape[0], dtype=np.int64))
+        pos_parts.append(pos[order])
+        kind_parts.append(kind[order].astype(enc.EVENT_KIND_DTYPE))
+        ref_parts.append(ref[order].astype(np.int32))
+        seg_parts.append(xp.full(key.shape[0], axis, dtype=np.int32))
+    return EventSoA(
+        event_pos=xp.concatenate(pos_parts).astype(enc.EVENT_POS_DTYPE),
+        event_kind=xp.concatenate(kind_parts),
+        event_ref=xp.concatenate(ref_parts),
+        event_seg=xp.concatenate(seg_parts),
+    )
+
+
+def _split_cost_xp(xp, cfg, area_left, area_right, area_node, n_left, n_right):
+    # The element-wise twin of config.split_cost: same operations, same order.
+    cost = cfg.k_traversal + cfg.k_intersect * ((area_left * n_left + area_right * n_right)
+                                                / area_node)
+    empty = (n_left == 0) | (n_right == 0)
+    return xp.where(empty, cost * cfg.empty_bonus, cost)
+
+
+def _half_area(d):
+    return (d[..., 0] * d[..., 1] + d[..., 1] * d[..., 2]) + d[..., 2] * d[..., 0]
+
+
+def compute_split_costs(xp, events, nodes, node_active, node_axis_mask, cfg):
+    """SAH cost of every candidate plane of every node (R5-R7).
+
+    A candidate is the first event of each run of equal positions within a
+    segment. With exclusive scans over the kinds, the counts at the plane of
+    such an event ``e`` in segment ``s`` (first event ``s0``) whose run ends
+    at ``g_end`` are::
+
+        N_L = opens before e      (START and PLANAR events, positions < p)
+        N_P = planars in the run
+        N_R = N - closes up to g_end (END and PLANAR events, positions <= p)
+
+    Parameters
+    ----------
+    events : EventSoA
+    nodes : NodeSoA
+    node_active : (num_nodes,) bool
+        Nodes still allowed to split (R4).
+    node_axis_mask : (3, num_nodes) bool
+        Axes evaluated per node (all, or only the longest).
+
+    Returns
+    -------
+    event_cost : (num_events,) float64
+        Cost of the plane at each candidate event, ``inf`` elsewhere.
+    event_side : (num_events,) int8
+        p_side of each candidate.
+    """
+    n = nodes.size
+    num_events = events.size
+    pos, kind, seg = events.event_pos, events.event_kind, events.event_seg
+    head = xp.ones(num_events, dtype=bool)
+    if num_events > 1:
+        head[1:] = (seg[1:] != seg[:-1]) | (pos[1:] != pos[:-1])
+    run_id = xp.cumsum(head, dtype=np.int64)
+    # One past the last event of each event's run of equal positions.
+    run_end = upper_bound(run_id, run_id)
+
+    is_planar = kind == enc.EVENT_PLANAR
+    open_ex = exclusive_scan(is_planar | (kind == enc.EVENT_START), dtype=np.int64)
+    close_ex = exclusive_scan(is_planar | (kind == enc.EVENT_END), dtype=np.int64)
+    planar_ex = exclusive_scan(is_planar, dtype=np.int64)
+
+    idx = xp.arange(num_events, dtype=np.int64)
+    seg64 = seg.astype(np.int64)
+    seg_start = nodes.seg_event_offset[seg64]
+    node = seg64 % n
+    axis = seg64 // n
+    node_n = (nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1])[node]
+
+    n_left = open_ex[idx] - open_ex[seg_start]
+    n_planar = planar_ex[run_end] - planar_ex[idx]
+    n_right = node_n - (close_ex[run_end] - close_ex[seg_start])
+
+    lo = nodes.node_lo[node].astype(np.float64)
+    hi = nodes.node_hi[node].astype(np.float64)
+    p = pos.astype(np.float64)
+    extent = hi - lo
+    area = _half_area(extent)
+    rows = xp.arange(num_events)
+    ext_left = extent.copy()
+    ext_left[rows, axis] = p - lo[rows, axis]
+    ext_right = extent.copy()
+    ext_right[rows, axis] = hi[rows, axis] - p
+    area_left = _half_area(ext_left)
+    area_right = _half_area(ext_right)
+
+    nl = n_left.astype(np.float64)
+    nr = n_right.astype(np.float64)
+    npl = n_planar.astype(np.float64)
+    cost_left = _split_cost_xp(xp, cfg, area_left, area_right, area, nl + npl, nr)
+    cost_right = _split_cost_xp(xp, cfg, area_left, area_right, area, nl, nr + npl)
+    plane_left = cost_left <= cost_right
+    cost = xp.where(plane_left, cost_left, cost_right)
+
+    inside = (pos > nodes.node_lo[node, axis]) & (pos < nodes.node_hi[node, axis])
+    candidate = head & inside & node_active[node] & node_axis_mask[axis, node]
+    event_cost = xp.where(candidate, cost, np.inf)
+    event_side = xp.where(plane_left, enc.SIDE_LEFT, enc.SIDE_RIGHT).astype(np.int8)
+    return event_cost, event_side
+
+
+def select_best_splits(xp, events, nodes, event_cost, event_side):
+    """Best plane per node: lowest cost, then lowest axis, then lowest position (R8).
+
+    Returns
+    -------
+    BestSplit
+    """
+    n = nodes.size
+    # Lowest index on ties = lowest position within a segment.
+    seg_best = segmented_argmin(event_cost, nodes.seg_event_offset)  # (3n,)
+    has = seg_best >= 0
+    safe = xp.where(has, seg_best, 0)
+    seg_cost = xp.where(has, event_cost[safe], np.inf).reshape(3, n)
+    best_axis = xp.zeros(n, dtype=np.int64)
+    best_cost = seg_cost[0].copy()
+    for axis in (1, 2):
+        better = seg_cost[axis] < best_cost  # strict: ties keep the lower axis
+        best_axis = xp.where(better, axis, best_axis)
+        best_cost = xp.where(better, seg_cost[axis], best_cost)
+    nodes_idx = xp.arange(n, dtype=np.int64)
+    best_event = safe.reshape(3, n)[best_axis, nodes_idx]
+    return BestSplit(
+        node_cost=best_cost,
+        node_axis=best_axis.astype(np.int8),
+        node_pos=events.event_pos[best_event],
+        node_side=event_side[best_event],
+    )
+
+
+def decide_leaves(xp, nodes, best, node_active, cfg):
+    """Split only where allowed and where the best cost beats ``K_I * N`` (R4, R8).
+
+    Returns
+    -------
+    (num_nodes,) bool
+        True for nodes that split.
+    """
+    node_n = (nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]).astype(np.float64)
+    return node_active & (best.node_cost < cfg.k_intersect * node_n)
+
+
+def classify_triangles(xp, refs, best, node_split, tri_lo, tri_hi):
+    """Class of every reference: 0 (its node is a leaf), left, right or both (R9).
+
+    Returns
+    -------
+    (num_refs,) uint8
+        ``CLASS_LEFT`` / ``CLASS_RIGHT`` bits; 0 for references of leaf nodes.
+    """
+    node = refs.ref_node
+    axis = best.node_axis[node].astype(np.int64)
+    p = best.node_pos[node]
+    a = tri_lo[refs.ref_tri, axis]
+    b = tri_hi[refs.ref_tri, axis]
+    cls = xp.full(refs.size, enc.CLASS_BOTH, dtype=np.uint8)
+    cls = xp.where(b <= p, np.uint8(enc.CLASS_LEFT), cls)
+    cls = xp.where(a >= p, np.uint8(enc.CLASS_RIGHT), cls)
+    side_cls = xp.where(best.node_side[node] == enc.SIDE_LEFT,
+                        np.uint8(enc.CLASS_LEFT), np.uint8(enc.CLASS_RIGHT))
+    cls = xp.where((a == b) & (a == p), side_cls, cls)
+    return xp.where(node_split[node], cls, np.uint8(0)).astype(np.uint8)
+
+
+@dataclasses.dataclass
+class ChildRoute:
+    """Where the left and right copies of grouped elements go in the children.
+
+    Elements (references or events) are grouped (by node or segment); the
+    copies of group ``g``'s elements go, in order, to child groups
+    ``child_left[g]`` and ``child_left[g] + 1``.
+
+    Attributes
+    ----------
+    dst_left, dst_right : (num_elements,) int64
+        Destination index of each copy; ``total`` (a dummy slot) where none.
+    child_offset : (num_child_groups_max + 1,) int64
+        Exclusive scan of the child group sizes.
+    total : 0-d int64
+        Number of copies (device scalar until read).
+    """
+
+    dst_left: object
+    dst_right: object
+    child_offset: object
+    total: object
+
+
+def route_to_children(xp, flag_left, flag_right, elem_group, group_offset, group_child_left,
+                      num_child_groups_max):
+    """Stable compaction addresses of the elements' copies into child groups.
+
+    Parameters
+    ----------
+    flag_left, flag_right : (num_elements,) bool
+        Whether an element is copied to the left / right child of its group.
+    elem_group : (num_elements,) int
+        Group of each element (elements are sorted by group).
+    group_offset : (num_groups + 1,) int64
+        Elements of group ``g`` are ``[group_offset[g], group_offset[g+1])``.
+    group_child_left : (num_groups,) int64
+        Left child group of each group; ``num_child_groups_max`` (a dummy group)
+        for groups that do not split (they have no flagged elements).
+    num_child_groups_max : int
+        Upper bound on the number of child groups (host value, no sync).
+
+    Returns
+    -------
+    ChildRoute
+    """
+    left_ex = exclusive_scan(flag_left, dtype=np.int64)
+    right_ex = exclusive_scan(flag_right, dtype=np.int64)
+    g_start, g_end = group_offset[:-1], group_offset[1:]
+    child_count = xp.zeros(num_child_groups_max + 2, dtype=np.int64)
+    child_count[group_child_left] = left_ex[g_end] - left_ex[g_start]
+    child_count[group_child_left + 1] = right_ex[g_end] - right_ex[g_start]
+    child_offset = exclusive_scan(child_count[:num_child_groups_max], dtype=np.int64)
+    total = child_offset[-1]
+    group = elem_group
+    base_left = child_offset[xp.minimum(group_child_left, num_child_groups_max)][group]
+    base_right = child_offset[xp.minimum(group_child_left + 1, num_child_groups_max)][group]
+    rank_left = left_ex[:-1] - left_ex[g_start[group]]
+    rank_right = right_ex[:-1] - right_ex[g_start[group]]
+    dst_left = xp.where(flag_left, base_left + rank_left, total)
+    dst_right = xp.where(flag_right, base_right + rank_right, total)
+    return ChildRoute(dst_left, dst_right, child_offset, total)
+
+
+def split_refs(xp, refs, route, num_child_refs, split_rank):
+    """Copy the references into the children, order kept (stable compaction).
+
+    Returns
+    -------
+    RefSoA
+        The next level's references, sorted by child node.
+    """
+    child_tri = xp.empty(num_child_refs + 1, dtype=np.int32)
+    child_node = xp.empty(num_child_refs + 1, dtype=np.int32)
+    left_child = (2 * split_rank[:-1])[refs.ref_node].astype(np.int32)
+    child_tri[route.dst_left] = refs.ref_tri
+    child_node[route.dst_left] = left_child
+    child_tri[route.dst_right] = refs.ref_tri
+    child_node[route.dst_right] = left_child + 1
+    return RefSoA(ref_tri=child_tri[:num_child_refs], ref_node=child_node[:num_child_refs])
+
+
+def split_events(xp, events, route, num_child_events, seg_child_left, ref_route):
+    """Copy every axis's events into the children, order kept (no re-sort).
+
+    An event follows its reference: it is copied to the side(s) its
+    triangle was classified to, and points at the reference's copy there.
+
+    Returns
+    -------
+    EventSoA
+        The next level's events, sorted by child segment, then position.
+    """
+    size = num_child_events + 1
+    pos = xp.empty(size, dtype=enc.EVENT_POS_DTYPE)
+    kind = xp.empty(size, dtype=enc.EVENT_KIND_DTYPE)
+    ref = xp.empty(size, dtype=np.int32)
+    seg = xp.empty(size, dtype=np.int32)
+    child_seg = seg_child_left[events.event_seg].astype(np.int32)
+    for dst, ref_dst, seg_step in ((route.dst_left, ref_route.dst_left, 0),
+                                   (route.dst_right, ref_route.dst_right, 1)):
+        pos[dst] = events.event_pos
+        kind[dst] = events.event_kind
+        ref[dst] = ref_dst[events.event_ref].astype(np.int32)
+        seg[dst] = child_seg + seg_step
+    n = num_child_events
+    return EventSoA(event_pos=pos[:n], event_kind=kind[:n], event_ref=ref[:n], event_seg=seg[:n])
+
+
+def emit_level(xp, nodes, node_split, best, split_rank, refs, ref_class, level_base,
+               leaf_ref_base, num_leaf_refs):
+    """Node records of this level and the triangle lists of its leaves (R10).
+
+    Children of the ``r``-th splitting node of the level are nodes
+    ``level_base + n + 2r`` and ``+ 1`` of the tree (siblings adjacent); leaf
+    triangles keep the references' order, ascending within a leaf.
+
+    Returns
+    -------
+    node_axis : (n,) int8
+    node_split_pos : (n,) float32
+    node_child : (n,) int32
+    node_count : (n,) int32
+    leaf_tris : (num_leaf_refs,) int32
+    """
+    n = nodes.size
+    node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
+    leaf_n = xp.where(node_split, 0, node_n)
+    leaf_offset = exclusive_scan(leaf_n, dtype=np.int64)
+    node_axis = xp.where(node_split, best.node_axis, enc.AXIS_LEAF).astype(enc.NODE_AXIS_DTYPE)
+    node_split_pos = xp.where(node_split, best.node_pos, np.float32(0)).astype(np.float32)
+    node_child = xp.where(node_split, level_base + n + 2 * split_rank[:-1],
+                          leaf_ref_base + leaf_offset[:-1]).astype(np.int32)
+    node_count = leaf_n.astype(np.int32)
+    in_leaf = ref_class == 0
+    leaf_ex = exclusive_scan(in_leaf, dtype=np.int64)
+    leaf_tris = xp.empty(num_leaf_refs + 1, dtype=np.int32)
+    leaf_tris[xp.where(in_leaf, leaf_ex[:-1], num_leaf_refs)] = refs.ref_tri
+    return node_axis, node_split_pos, node_child, node_count, leaf_tris[:num_leaf_refs]
+
+
+def make_child_nodes(xp, nodes, node_split, best, split_rank, num_split):
+    """Boxes of the children: left = ``hi[axis] = p``, right = ``lo[axis] = p``.
+
+    Returns
+    -------
+    child_lo, child_hi : (2 * num_split, 3) float32
+    """
+    n = nodes.size
+    rows = xp.arange(n)
+    axis = best.node_axis.astype(np.int64)
+    left_hi = nodes.node_hi.copy()
+    left_hi[rows, axis] = best.node_pos
+    right_lo = nodes.node_lo.copy()
+    right_lo[rows, axis] = best.node_pos
+    # Non-splitting nodes write to a dummy row that is dropped.
+    dst = xp.where(node_split, 2 * split_rank[:-1], 2 * num_split)
+    child_lo = xp.empty((2 * num_split + 2, 3), dtype=np.float32)
+    child_hi = xp.empty((2 * num_split + 2, 3), dtype=np.float32)
+    child_lo[dst] = nodes.node_lo
+    child_hi[dst] = left_hi
+    child_lo[xp.minimum(dst + 1, 2 * num_split)] = right_lo
+    child_hi[xp.minimum(dst + 1, 2 * num_split)] = nodes.node_hi
+    return child_lo[:2 * num_split], child_hi[:2 * num_split]
+
+
+# --- the driver -------------------------------------------------------------------
+def _as_mesh_arrays(vertices, faces):
+    if faces is None:
+        if hasattr(vertices, "vertices") and hasattr(vertices, "faces"):
+            return vertices.vertices, vertices.faces
+        raise TypeError("build() needs (vertices, faces) or a mesh object with .vertices and .faces")
+    return vertices, faces
+
+
+def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str = "auto",
+          profile: bool = False) -> KdTree:
+    """Build a full-SAH kd-tree level by level.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) array_like of float, or a mesh object
+        Vertex positions; or a ``trimesh.Trimesh`` (anything with
+        ``.vertices`` and ``.faces``) with ``faces`` left out.
+    faces : (num_triangles, 3) array_like of int, optional
+    config : SAHConfig, optional
+        Defaults to ``SAHConfig()``.
+    device : {"auto", "cuda", "gpu", "cpu"}
+        ``"cuda"`` runs the pipeline on CuPy, ``"cpu"`` the same pipeline on
+        NumPy, ``"auto"`` picks CUDA when a GPU is usable.
+    profile : bool
+        Record a per-stage time table in ``tree.build_info["profile"]``.
+
+    Returns
+    -------
+    KdTree
+        The same tree as ``cpu_reference.build`` under the same settings
+        (node order may differ).
+
+    Raises
+    ------
+    MeshError
+        Invalid mesh (see ``kdtree_gpu.geometry.validate_mesh``).
+    NotImplementedError
+        ``config.clip=True`` on the GPU.
+    MemoryError
+        The build does not fit in device memory (the GPU stays usable).
+    """
+    cfg = SAHConfig() if config is None else config
+    if not isinstance(cfg, SAHConfig):
+        raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
+    dev = resolve_device(device)
+    vertices, faces = _as_mesh_arrays(vertices, faces)
+    V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
+    if F.shape[0] > MAX_TRIANGLES:
+        raise ValueError(f"too many triangles: {F.shape[0]} (at most {MAX_TRIANGLES})")
+    if cfg.clip:
+        if dev == "cuda":
+            raise NotImplementedError(
+                "perfect splits (clip=True) are not implemented in the GPU builder yet; "
+                "use device='cpu' (which runs cpu_reference.build) or clip=False")
+        import cpu_reference
+
+        tree = cpu_reference.build(V, F, cfg)
+        tree.build_info["requested_device"] = "cpu"
+        return tree
+
+    import contextlib
+
+    from .launch import Profiler
+
+    t0 = time.perf_counter()
+    if dev == "cuda":
+        import cupy as xp
+
+        pool = xp.get_default_memory_pool()
+        pool.free_all_blocks()
+        used_before = pool.total_bytes()
+        try:
+            with (Profiler() if profile else contextlib.nullcontext()) as prof:
+                arrays = _build_levels(xp, cfg, tri_lo, tri_hi, valid, bounds)
+        except xp.cuda.memory.OutOfMemoryError as exc:
+            pool.free_all_blocks()
+            raise MemoryError(
+                f"the kd-tree build of {F.shape[0]} triangles does not fit in GPU memory "
+                f"({exc}); try device='cpu' or a smaller mesh") from None
+        peak = pool.total_bytes() - used_before
+        host = [a.get() for a in arrays[:5]]
+        build_info = {"builder": "kdtree_gpu.level", "device": "cuda", "levels": arrays[5],
+                      "peak_device_bytes": int(peak)}
+        pool.free_all_blocks()
+    else:
+        with (Profiler() if profile else contextlib.nullcontext()) as prof:
+            arrays = _build_levels(np, cfg, tri_lo, tri_hi, valid, bounds)
+        host = list(arrays[:5])
+        build_info = {"builder": "kdtree_gpu.level", "device": "cpu", "levels": arrays[5]}
+    build_info["seconds"] = time.perf_counter() - t0
+    if profile:
+        build_info["profile"] = prof.as_dict()
+        build_info["profile_table"] = prof.report()
+    node_axis, node_split, node_child, node_count, leaf_tris = host
+    return KdTree(node_axis=node_axis, node_split=node_split, node_child=node_child,
+                  node_count=node_count, leaf_tris=leaf_tris, bounds=bounds, vertices=V,
+                  faces=F, config=cfg, num_degenerate=int((~valid).sum()),
+                  build_info=build_info)
+
+
+def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
+    """Run the level loop; return the concatenated node arrays and leaf list."""
+    ref_tri_h = np.flatnonzero(valid_h).astype(np.int32)
+    num_root = int(ref_tri_h.shape[0])
+    max_depth = cfg.resolved_max_depth(num_root)
+    with stage(xp=xp, description="upload"):
+        tri_lo = xp.asarray(tri_lo_h)
+        tri_hi = xp.asarray(tri_hi_h)
+        ref_tri = xp.asarray(ref_tri_h)
+    with stage(xp=xp, description="create_root_events"):
+        events = create_root_events(xp, tri_lo, tri_hi, ref_tri)
+    refs = RefSoA(ref_tri=ref_tri, ref_node=xp.zeros(num_root, dtype=np.int32))
+    # Per axis, every triangle has one planar event or two others.
+    seg_count = [int(x) for x in _axis_event_counts(xp, events)]
+    nodes = NodeSoA(
+        node_lo=xp.asarray(bounds_h[0:1]).astype(np.float32),
+        node_hi=xp.asarray(bounds_h[1:2]).astype(np.float32),
+        node_ref_offset=xp.asarray(np.array([0, num_root], dtype=np.int64)),
+        seg_event_offset=xp.asarray(np.concatenate([[0], np.cumsum(seg_count)]).astype(np.int64)),
+    )
+    out_axis, out_split, out_child, out_count, out_leaf = [], [], [], [], []
+    level_base = 0
+    leaf_ref_base = 0
+    level = 0
+    while nodes.size > 0:
+        n = nodes.size
+        with stage(xp=xp, description="compute_split_costs"):
+            node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
+            node_active = (node_n > cfg.leaf_size) & (level < max_depth)
+            if cfg.axes == "longest":
+                longest = xp.argmax(nodes.node_hi - nodes.node_lo, axis=1)
+                node_axis_mask = xp.arange(3)[:, None] == longest[None, :]
+            else:
+                node_axis_mask = xp.ones((3, n), dtype=bool)
+            event_cost, event_side = compute_split_costs(xp, events, nodes, node_active,
+                                                         node_axis_mask, cfg)
+        with stage(xp=xp, description="select_best_splits"):
+            best = select_best_splits(xp, events, nodes, event_cost, event_side)
+        with stage(xp=xp, description="decide_leaves"):
+            node_split = decide_leaves(xp, nodes, best, node_active, cfg)
+            split_rank = exclusive_scan(node_split, dtype=np.int64)
+        with stage(xp=xp, description="classify_triangles"):
+            ref_class = classify_triangles(xp, refs, best, node_split, tri_lo, tri_hi)
+        with stage(xp=xp, description="route_refs"):
+            # Child groups: 2 per splitting node; 2n is a bound that needs no sync.
+            node_child_left = xp.where(node_split, 2 * split_rank[:-1], 2 * n)
+            ref_route = route_to_children(
+                xp, (ref_class & enc.CLASS_LEFT) != 0, (ref_class & enc.CLASS_RIGHT) != 0,
+                refs.ref_node, nodes.node_ref_offset, node_child_left, 2 * n)
+        with stage(xp=xp, description="route_events"):
+            event_class = ref_class[events.event_ref]
+            num_split_dev = split_rank[-1]
+            seg = xp.arange(3 * n, dtype=np.int64)
+            seg_node = seg % n
+            seg_axis = seg // n
+            # Child segment of (axis, node): axis * (2 * num_split) + 2 * rank(node).
+            seg_child_left = xp.where(node_split[seg_node],
+                                      seg_axis * (2 * num_split_dev) + 2 * split_rank[:-1][seg_node],
+                                      6 * n)
+            event_route = route_to_children(
+                xp, (event_class & enc.CLASS_LEFT) != 0, (event_class & enc.CLASS_RIGHT) != 0,
+                events.event_seg, nodes.seg_event_offset, seg_child_left, 6 * n)
+            leaf_count = (ref_class == 0).sum()
+        with stage(xp=xp, description="read_level_counts"):
+            # The one deliberate device-to-host read per level: sizes of the next level.
+            counts = xp.stack([num_split_dev, ref_route.total, event_route.total,
+                               leaf_count.astype(np.int64)])
+            num_split, num_child_refs, num_child_events, num_leaf_refs = (
+                int(c) for c in (counts.get() if xp is not np else counts))
+        with stage(xp=xp, description="emit_level"):
+            level_arrays = emit_level(xp, nodes, node_split, best, split_rank, refs, ref_class,
+                                      level_base, leaf_ref_base, num_leaf_refs)
+            for out, arr in zip((out_axis, out_split, out_child, out_count, out_leaf),
+                                level_arrays):
+                out.append(arr)
+        level_base += n
+        leaf_ref_base += num_leaf_refs
+        level += 1
+        if num_split == 0:
+            break
+        with stage(xp=xp, description="split_refs"):
+            child_refs = split_refs(xp, refs, ref_route, num_child_refs, split_rank)
+        with stage(xp=xp, description="split_events"):
+            events = split_events(xp, events, event_route, num_child_events, seg_child_left,
+                                  ref_route)
+        with stage(xp=xp, description="make_child_nodes"):
+            child_lo, child_hi = make_child_nodes(xp, nodes, node_split, best, split_rank,
+                                                  num_split)
+            nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
+                            node_ref_offset=ref_route.child_offset[:2 * num_split + 1],
+                            seg_event_offset=event_route.child_offset[:6 * num_split + 1])
+        refs = child_refs
+    with stage(xp=xp, description="concatenate_output"):
+        result = [xp.concatenate(parts) for parts in
+                  (out_axis, out_split, out_child, out_count, out_leaf)]
+    return (*result, level)
+
+
+def _axis_event_counts(xp, events):
+    seg = events.event_seg
+    counts = [(seg == axis).sum() for axis in range(3)]
+    return [int(c) for c in counts]
