@@ -733,8 +733,9 @@ def compare_hits(t_tree, tri_tree, t_brute, tri_brute, scale: float) -> Optional
     first = int(np.argmax(bad))
     return (f"{int(bad.sum())} of {bad.size} rays disagree with brute force "
             f"({int(hit_differs.sum())} hit/miss, {int(t_differs.sum())} distance, "
-            f"{int(tri_differs.sum())} triangle); first: ray {first}, tree t={t_tree[first]!r} "
-            f"tri={int(tri_tree[first])}, brute force t={t_brute[first]!r} tri={int(tri_brute[first])}")
+            f"{int(tri_differs.sum())} triangle); first: ray {first}, tree t={float(t_tree[first])!r} "
+            f"tri={int(tri_tree[first])}, brute force t={float(t_brute[first])!r} "
+            f"tri={int(tri_brute[first])}")
 
 
 def cast_brute_force(vertices, faces, origins, directions, device: str):
