@@ -1,0 +1,148 @@
+"""Event keys: one sortable 64-bit integer per event (Wald & Havran 2006, §4.2).
+
+An event ``(pos, kind, tri)`` is encoded as::
+
+    key = (sortable_bits(pos) << 32) | (kind << 28) | tri
+
+``sortable_bits`` maps a float32 to a uint32 that orders like the float
+(negative values have all bits flipped, non-negative ones get the sign bit
+set), so sorting the keys as unsigned integers orders events by position,
+then kind (``EVENT_END < EVENT_PLANAR < EVENT_START``), then triangle: the
+order of rule R3. Triangle indices fit in 28 bits because
+``kdtree_gpu.geometry.validate_mesh`` limits a mesh to ``2**31 // 8``
+triangles. Positions must not be ``-0.0`` (the mesh validation and the
+clipping code never produce one) so that equal positions have equal bits.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kdtree_gpu import encoding as enc
+
+_SIGN = np.uint32(0x80000000)
+_TRI_BITS = 28
+_TRI_MASK = np.uint64((1 << _TRI_BITS) - 1)
+
+
+@numba.njit(cache=True)
+def encode_event_keys(event_pos, event_kind, event_tri):
+    """Sortable keys of events.
+
+    Parameters
+    ----------
+    event_pos : (num_events,) float32
+    event_kind : (num_events,) int8
+    event_tri : (num_events,) int32
+
+    Returns
+    -------
+    event_key : (num_events,) uint64
+    """
+    n = event_pos.shape[0]
+    bits = np.ascontiguousarray(event_pos).view(np.uint32)
+    event_key = np.empty(n, dtype=np.uint64)
+    for i in range(n):
+        b = bits[i]
+        if b & _SIGN:
+            b = ~b
+        else:
+            b = b | _SIGN
+        event_key[i] = ((np.uint64(b) << np.uint64(32))
+                        | (np.uint64(event_kind[i]) << np.uint64(_TRI_BITS))
+                        | np.uint64(event_tri[i]))
+    return event_key
+
+
+@numba.njit(cache=True)
+def decode_event_keys(event_key, event_pos, event_kind, event_tri):
+    """Inverse of :func:`encode_event_keys`, written into the given arrays.
+
+    Parameters
+    ----------
+    event_key : (num_events,) uint64
+    event_pos : (>= num_events,) float32
+    event_kind : (>= num_events,) int8
+    event_tri : (>= num_events,) int32
+        Output; the first ``num_events`` entries are written.
+    """
+    n = event_key.shape[0]
+    bits = np.empty(n, dtype=np.uint32)
+    for i in range(n):
+        key = event_key[i]
+        b = np.uint32(key >> np.uint64(32))
+        if b & _SIGN:
+            b = b & ~_SIGN
+        else:
+            b = ~b
+        bits[i] = b
+        event_kind[i] = np.int8((key >> np.uint64(_TRI_BITS)) & np.uint64(3))
+        event_tri[i] = np.int32(key & _TRI_MASK)
+    pos = bits.view(np.float32)
+    for i in range(n):
+        event_pos[i] = pos[i]
+
+
+@numba.njit(cache=True)
+def make_events(tri_ids, box_lo, box_hi, axis, event_pos, event_kind, event_tri):
+    """Unsorted events of triangles on one axis (rule R3).
+
+    Parameters
+    ----------
+    tri_ids : (num_tris,) int32
+        Triangles to make events for.
+    box_lo, box_hi : (num_tris, 3) float32
+        Their boxes, row ``i`` for ``tri_ids[i]``.
+    axis : int
+    event_pos, event_kind, event_tri : (>= 2 * num_tris,) float32, int8, int32
+        Output buffers.
+
+    Returns
+    -------
+    int
+        Number of events written: one PLANAR per flat box, else END and START.
+    """
+    m = 0
+    for i in range(tri_ids.shape[0]):
+        a = box_lo[i, axis]
+        b = box_hi[i, axis]
+        t = tri_ids[i]
+        if a == b:
+            event_pos[m] = a
+            event_kind[m] = enc.EVENT_PLANAR
+            event_tri[m] = t
+            m += 1
+        else:
+            event_pos[m] = b
+            event_kind[m] = enc.EVENT_END
+            event_tri[m] = t
+            event_pos[m + 1] = a
+            event_kind[m + 1] = enc.EVENT_START
+            event_tri[m + 1] = t
+            m += 2
+    return m
+
+
+@numba.njit(cache=True)
+def sort_events(event_pos, event_kind, event_tri):
+    """Sort events in place by (position, kind, triangle) (rule R3).
+
+    Parameters
+    ----------
+    event_pos : (num_events,) float32
+    event_kind : (num_events,) int8
+    event_tri : (num_events,) int32
+    """
+    keys = np.sort(encode_event_keys(event_pos, event_kind, event_tri))
+    decode_event_keys(keys, event_pos, event_kind, event_tri)
+
+
+@numba.njit(cache=True)
+def event_less(pos_a, kind_a, tri_a, pos_b, kind_b, tri_b):
+    """Whether event a comes before event b in the order of rule R3."""
+    if pos_a != pos_b:
+        return pos_a < pos_b
+    if kind_a != kind_b:
+        return kind_a < kind_b
+    return tri_a < tri_b
