@@ -766,7 +766,7 @@ def trace_shadow_rays(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
                                        shadow.shadow_tmax)
     if ctx.use_kernels:
         _launch(ctx, "render: add unoccluded light", "kd_render_add_unoccluded", num_rays, (
-            _i32(num_rays), occluded.astype(np.uint8), shadow.shadow_tmax, shadow.shadow_radiance,
+            _i32(num_rays), occluded.astype(bool, copy=False), shadow.shadow_tmax, shadow.shadow_radiance,
             shadow.shadow_pixel, ctx.pass_radiance))
     else:
         with _stage(ctx, "render: add unoccluded light"):
