@@ -1,0 +1,80 @@
+"""The CUDA module factory: source assembly, naming rules, memoization."""
+
+import re
+
+import pytest
+
+from kdtree_gpu import encoding, kernels
+from kdtree_gpu.backend import gpu_available
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
+
+
+def test_cuda_sources_lists_cu_files():
+    sources = kernels.cuda_sources()
+    assert sources, "kdtree_gpu/cuda has no .cu files"
+    assert all(p.suffix == ".cu" and p.parent == kernels.CUDA_DIR for p in sources)
+    assert [p.name for p in sources] == sorted(p.name for p in sources)
+    assert "primitives.cu" in [p.name for p in sources]
+
+
+def test_read_source_prepends_defines_and_resets_line_numbers():
+    text = kernels.read_source("primitives.cu")
+    defines = encoding.cuda_defines()
+    assert text.startswith(defines)
+    rest = text[len(defines):].splitlines()
+    assert rest[0].startswith("// kd-headers ")
+    assert rest[1] == '#line 1 "primitives.cu"'
+    assert "\n".join(rest[2:]) + "\n" == (kernels.CUDA_DIR / "primitives.cu").read_text()
+
+
+def test_read_source_rejects_bad_names():
+    with pytest.raises(FileNotFoundError, match="available: .*primitives.cu"):
+        kernels.read_source("missing.cu")
+    for bad in ("../kernels.py", "primitives", "sub/primitives.cu"):
+        with pytest.raises(ValueError, match=".cu file"):
+            kernels.read_source(bad)
+
+
+def test_kernel_names_carry_the_prefix():
+    with pytest.raises(ValueError, match="start with 'kd_'"):
+        kernels.get_function("primitives.cu", "segmented_min_u32")
+    # every extern "C" kernel in the sources follows the convention
+    pattern = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+                         r"(?:__launch_bounds__\s*\([^)]*\)\s*)?(\w+)\s*\(")
+    for source in kernels.cuda_sources():
+        for name in pattern.findall(source.read_text()):
+            assert name.startswith("kd_"), f"{source.name}: {name}"
+
+
+def test_compile_options_include_std_and_include_path():
+    options = kernels.compile_options(("-DKD_X=1",))
+    assert "--std=c++17" in options
+    assert f"-I{kernels.CUDA_DIR}" in options
+    assert options[-1] == "-DKD_X=1"
+    assert not any("fast" in o for o in options)
+
+
+def test_write_defines_header(tmp_path):
+    path = kernels.write_defines_header(tmp_path / "sub" / "kd_defines.h")
+    text = path.read_text()
+    assert text.startswith("#pragma once")
+    assert f"#define KD_AXIS_LEAF ({encoding.AXIS_LEAF})" in text
+
+
+@pytest.mark.skipif(gpu_available(), reason="checks the error without a GPU")
+def test_get_module_without_gpu_raises_clearly():
+    with pytest.raises(RuntimeError, match="compiling primitives.cu needs a CUDA GPU"):
+        kernels.get_module("primitives.cu")
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_get_module_is_memoized_per_device():
+    kernels.clear_cache()
+    m1 = kernels.get_module("primitives.cu")
+    assert kernels.get_module("primitives.cu") is m1
+    assert kernels.get_module("primitives.cu", options=("-DKD_UNUSED=1",)) is not m1
+    f1 = kernels.get_function("primitives.cu", "kd_segmented_min_u32")
+    assert kernels.get_function("primitives.cu", "kd_segmented_min_u32") is f1
+    assert f1.name == "kd_segmented_min_u32"

@@ -1,0 +1,133 @@
+"""Launch helper and profiler: bookkeeping on the CPU, real launches on a GPU."""
+
+import time
+
+import numpy as np
+import pytest
+
+from kdtree_gpu import launch as L
+from kdtree_gpu.backend import gpu_available
+
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
+
+
+class FakeKernel:
+    name = "kd_fake"
+
+    def __init__(self, fail=False):
+        self.calls = []
+        self.fail = fail
+
+    def __call__(self, grid, block, args, shared_mem=0):
+        if self.fail:
+            raise ValueError("invalid argument")
+        self.calls.append((grid, block, args, shared_mem))
+
+
+def test_launch_computes_grid_and_skips_empty():
+    k = FakeKernel()
+    L.launch("fill", k, 1000, (1, 2))
+    L.launch("fill", k, 256, (), block=128, shared_mem=64)
+    L.launch("fill", k, 0, ())
+    L.launch("fill", k, np.int64(1), ())
+    assert [c[0] for c in k.calls] == [(4,), (2,), (1,)]
+    assert k.calls[1][1:] == ((128,), (), 64)
+
+
+def test_launch_rejects_bad_arguments_and_names_failures():
+    k = FakeKernel()
+    with pytest.raises(TypeError, match="host integer"):
+        L.launch("fill", k, 3.0, ())
+    with pytest.raises(ValueError, match="n must be >= 0"):
+        L.launch("fill", k, -1, ())
+    with pytest.raises(ValueError, match="block"):
+        L.launch("fill", k, 5, (), block=2048)
+    with pytest.raises(L.LaunchError, match="launch 'split events' \\(kernel kd_fake, n=5"):
+        L.launch("split events", FakeKernel(fail=True), 5, ())
+
+
+def test_profiling_off_records_nothing():
+    assert L.active_profiler() is None
+    with L.stage("sort", np):
+        pass
+    L.launch("fill", FakeKernel(), 10, ())
+    assert L.active_profiler() is None
+
+
+def test_cpu_stages_fill_the_profile_table():
+    with L.profiling() as prof:
+        assert L.active_profiler() is prof
+        for _ in range(3):
+            with L.stage("sort events", np):
+                time.sleep(0.002)
+        with L.stage("count", np):
+            pass
+        with L.profiling() as inner:
+            with L.stage("inner", np):
+                pass
+        assert L.active_profiler() is prof
+    assert L.active_profiler() is None
+    stats = prof.as_dict()
+    assert list(stats) == ["sort events", "count"]
+    s = stats["sort events"]
+    assert s["launches"] == 3
+    assert s["min_ms"] <= s["avg_ms"] <= s["max_ms"]
+    assert s["total_ms"] == pytest.approx(3 * s["avg_ms"])
+    assert s["min_ms"] >= 1.5
+    assert sum(v["share"] for v in stats.values()) == pytest.approx(1.0)
+    assert list(inner.as_dict()) == ["inner"]
+    table = prof.report()
+    assert "sort events" in table and "launches" in table and "total" in table.splitlines()[-1]
+    prof.reset()
+    assert prof.as_dict() == {}
+
+
+def test_set_active_profiler_and_debug_switch():
+    prof = L.Profiler()
+    assert L.set_active_profiler(prof) is None
+    try:
+        with L.stage("a", np):
+            pass
+    finally:
+        assert L.set_active_profiler(None) is prof
+    assert prof.as_dict()["a"]["launches"] == 1
+    before = L.debug_enabled()
+    L.set_debug(True)
+    try:
+        assert L.debug_enabled()
+        with L.stage("checked", np):  # no GPU work: nothing to synchronize
+            pass
+    finally:
+        L.set_debug(before)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_launch_profile_and_debug():
+    import cupy
+
+    from kdtree_gpu.kernels import get_function
+
+    kernel = get_function("primitives.cu", "kd_segmented_min_u32")
+    n = 10000
+    key = cupy.arange(n, 0, -1, dtype=cupy.uint32)
+    segment = cupy.zeros(n, dtype=cupy.int32)
+    out = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+    with L.profiling() as prof:
+        for _ in range(4):
+            L.launch("segmented min", kernel, n, (key, segment, np.int64(n), out))
+        with L.stage("cumsum", cupy):
+            cupy.cumsum(key)
+    assert int(out[0]) == 1
+    stats = prof.as_dict()
+    assert stats["segmented min"]["launches"] == 4
+    assert stats["cumsum"]["launches"] == 1
+    assert all(v["min_ms"] >= 0 for v in stats.values())
+    L.set_debug(True)
+    try:
+        L.launch("segmented min", kernel, n, (key, segment, np.int64(n), out))
+        with pytest.raises(L.LaunchError, match="launch 'bad block'"):
+            L.launch("bad block", kernel, n, (key, segment, np.int64(n), out), block=1024,
+                     shared_mem=1 << 30)
+    finally:
+        L.set_debug(False)
