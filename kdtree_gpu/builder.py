@@ -526,7 +526,7 @@ def _as_mesh_arrays(vertices, faces):
 
 
 def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str = "auto",
-          profile: bool = False) -> KdTree:
+          profile: bool = False, kernels: str = "fused") -> KdTree:
     """Build a full-SAH kd-tree level by level.
 
     Parameters
@@ -542,6 +542,11 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         NumPy, ``"auto"`` picks CUDA when a GPU is usable.
     profile : bool
         Record a per-stage time table in ``tree.build_info["profile"]``.
+    kernels : {"fused", "xp"}
+        On the GPU: ``"fused"`` (default) runs the stages' element-wise work
+        in the kernels of ``cuda/build.cu``; ``"xp"`` runs the same stage
+        functions as the NumPy pipeline on CuPy arrays (the kernels' twin,
+        for testing).
 
     Returns
     -------
@@ -561,6 +566,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
     cfg = SAHConfig() if config is None else config
     if not isinstance(cfg, SAHConfig):
         raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
+    if kernels not in ("fused", "xp"):
+        raise ValueError(f"kernels must be 'fused' or 'xp', got {kernels!r}")
     dev = resolve_device(device)
     vertices, faces = _as_mesh_arrays(vertices, faces)
     V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
@@ -590,7 +597,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         used_before = pool.total_bytes()
         try:
             with (Profiler() if profile else contextlib.nullcontext()) as prof:
-                arrays = _build_levels(xp, cfg, tri_lo, tri_hi, valid, bounds)
+                level_loop = _build_levels_cuda if kernels == "fused" else _build_levels
+                arrays = level_loop(xp, cfg, tri_lo, tri_hi, valid, bounds)
         except xp.cuda.memory.OutOfMemoryError as exc:
             pool.free_all_blocks()
             raise MemoryError(
@@ -599,7 +607,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         peak = pool.total_bytes() - used_before
         host = [a.get() for a in arrays[:5]]
         build_info = {"builder": "kdtree_gpu.level", "device": "cuda", "levels": arrays[5],
-                      "peak_device_bytes": int(peak)}
+                      "kernels": kernels, "peak_device_bytes": int(peak)}
         pool.free_all_blocks()
     else:
         with (Profiler() if profile else contextlib.nullcontext()) as prof:
@@ -719,3 +727,169 @@ def _axis_event_counts(xp, events):
     seg = events.event_seg
     counts = [(seg == axis).sum() for axis in range(3)]
     return [int(c) for c in counts]
+
+
+# --- the fused CUDA level loop ---------------------------------------------------------
+def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
+    """The level loop of :func:`_build_levels` with the element-wise work of
+    each stage fused into the kernels of ``cuda/build.cu``.
+
+    Same stages, same rules and same outputs as the xp loop, which is these
+    kernels' NumPy twin (the GPU tests compare the two). Per level: one
+    device-to-host read of four counts; every other size is a host value.
+    """
+    from .kernels import get_function
+    from .launch import launch
+
+    def kernel(name):
+        return get_function("build.cu", name)
+
+    i64, f64 = np.int64, np.float64
+    ref_tri_h = np.flatnonzero(valid_h).astype(np.int32)
+    num_root = int(ref_tri_h.shape[0])
+    max_depth = cfg.resolved_max_depth(num_root)
+    with stage(xp=cp, description="upload"):
+        tri_lo = cp.asarray(tri_lo_h)
+        tri_hi = cp.asarray(tri_hi_h)
+        ref_tri = cp.asarray(ref_tri_h)
+    with stage(xp=cp, description="create_root_events"):
+        events = create_root_events(cp, tri_lo, tri_hi, ref_tri)
+        planar_h = (tri_lo_h[valid_h] == tri_hi_h[valid_h]).sum(axis=0)
+        seg_count = [2 * num_root - int(c) for c in planar_h]
+    refs = RefSoA(ref_tri=ref_tri, ref_node=cp.zeros(num_root, dtype=np.int32))
+    nodes = NodeSoA(
+        node_lo=cp.asarray(bounds_h[0:1]).astype(np.float32),
+        node_hi=cp.asarray(bounds_h[1:2]).astype(np.float32),
+        node_ref_offset=cp.asarray(np.array([0, num_root], dtype=np.int64)),
+        seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(seg_count)]).astype(np.int64)),
+    )
+    out = ([], [], [], [], [])
+    level_base = 0
+    leaf_ref_base = 0
+    level = 0
+    num_events = events.size
+    num_refs = refs.size
+    while True:
+        n = nodes.size
+        # -- compute_split_costs
+        with stage(xp=cp, description="compute_split_costs"):
+            node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
+            node_active = (node_n > cfg.leaf_size) & (level < max_depth)
+            if cfg.axes == "longest":
+                longest = cp.argmax(nodes.node_hi - nodes.node_lo, axis=1)
+                seg_enabled = (cp.arange(3)[:, None] == longest[None, :]).ravel()
+            else:
+                seg_enabled = cp.ones(3 * n, dtype=bool)
+            open_close = cp.empty(num_events + 1, dtype=np.int64)
+            head = cp.empty(num_events, dtype=np.int32)
+        launch("compute_split_costs: event flags", kernel("kd_event_flags"), num_events,
+               (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
+                open_close, head))
+        with stage(xp=cp, description="compute_split_costs: scans"):
+            open_close_ex = cp.cumsum(open_close)
+            run_id = cp.cumsum(head, dtype=np.int32)
+            run_start = cp.empty(num_events, dtype=np.int32)
+        launch("compute_split_costs: run starts", kernel("kd_run_starts"), num_events,
+               (head, run_id, i64(num_events), run_start))
+        event_cost = cp.empty(num_events, dtype=np.float64)
+        event_side = cp.empty(num_events, dtype=np.int8)
+        launch("compute_split_costs: costs", kernel("kd_split_costs"), num_events,
+               (events.event_pos, events.event_seg, head, run_id, run_start, open_close_ex,
+                nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
+                node_active, seg_enabled, i64(n), i64(num_events), f64(cfg.k_traversal),
+                f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost, event_side))
+        # -- select_best_splits + decide_leaves
+        with stage(xp=cp, description="select_best_splits: segmented argmin"):
+            seg_best = segmented_argmin(event_cost, nodes.seg_event_offset)
+        best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
+                         node_axis=cp.empty(n, dtype=np.int8),
+                         node_pos=cp.empty(n, dtype=np.float32),
+                         node_side=cp.empty(n, dtype=np.int8))
+        node_split = cp.empty(n, dtype=bool)
+        split_leaf = cp.empty(n + 1, dtype=np.int64)
+        launch("select_best_splits", kernel("kd_select_splits"), n,
+               (seg_best.astype(np.int64, copy=False), event_cost, events.event_pos, event_side,
+                nodes.node_ref_offset, node_active, i64(n), f64(cfg.k_intersect),
+                best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
+                split_leaf))
+        with stage(xp=cp, description="decide_leaves: scan"):
+            split_leaf_ex = cp.cumsum(split_leaf)
+        # -- classify_triangles
+        ref_class = cp.empty(num_refs, dtype=np.uint8)
+        ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
+        launch("classify_triangles", kernel("kd_classify_refs"), num_refs,
+               (refs.ref_tri, refs.ref_node, best.node_axis, best.node_pos, best.node_side,
+                node_split, tri_lo, tri_hi, i64(num_refs), ref_class, ref_lr))
+        event_lr = cp.empty(num_events + 1, dtype=np.int64)
+        launch("route_events: flags", kernel("kd_event_lr"), num_events,
+               (events.event_ref, ref_class, i64(num_events), event_lr))
+        with stage(xp=cp, description="route: scans"):
+            ref_lr_ex = cp.cumsum(ref_lr)
+            event_lr_ex = cp.cumsum(event_lr)
+            child_ref_count = cp.zeros(2 * n + 1, dtype=np.int64)
+            child_event_count = cp.zeros(6 * n + 1, dtype=np.int64)
+        launch("route_refs: child counts", kernel("kd_child_counts"), n,
+               (nodes.node_ref_offset, ref_lr_ex, node_split, split_leaf_ex, i64(n), i64(n),
+                child_ref_count))
+        launch("route_events: child counts", kernel("kd_child_counts"), 3 * n,
+               (nodes.seg_event_offset, event_lr_ex, node_split, split_leaf_ex, i64(n),
+                i64(3 * n), child_event_count))
+        with stage(xp=cp, description="route: offset scans"):
+            child_ref_offset = cp.cumsum(child_ref_count)
+            child_event_offset = cp.cumsum(child_event_count)
+            totals = cp.empty(4, dtype=np.int64)
+        launch("read_level_counts", kernel("kd_level_totals"), 1,
+               (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
+        with stage(xp=cp, description="read_level_counts"):
+            # The one deliberate device-to-host read per level: sizes of the next level.
+            num_split, num_child_refs, num_child_events, num_leaf_refs = (
+                int(c) for c in totals.get())
+        # -- emit_level
+        out_axis = cp.empty(n, dtype=np.int8)
+        out_split = cp.empty(n, dtype=np.float32)
+        out_child = cp.empty(n, dtype=np.int32)
+        out_count = cp.empty(n, dtype=np.int32)
+        launch("emit_level", kernel("kd_emit_nodes"), n,
+               (node_split, best.node_axis, best.node_pos, split_leaf_ex, i64(n),
+                i64(level_base + n), i64(leaf_ref_base), out_axis, out_split, out_child,
+                out_count))
+        leaf_tris = cp.empty(num_leaf_refs, dtype=np.int32)
+        child_tri = cp.empty(num_child_refs, dtype=np.int32)
+        child_node = cp.empty(num_child_refs, dtype=np.int32)
+        ref_new_left = cp.empty(num_refs, dtype=np.int32)
+        ref_new_right = cp.empty(num_refs, dtype=np.int32)
+        launch("split_refs", kernel("kd_scatter_refs"), num_refs,
+               (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
+                split_leaf_ex, child_ref_offset, i64(num_refs), leaf_tris, child_tri,
+                child_node, ref_new_left, ref_new_right))
+        for lst, arr in zip(out, (out_axis, out_split, out_child, out_count, leaf_tris)):
+            lst.append(arr)
+        level_base += n
+        leaf_ref_base += num_leaf_refs
+        level += 1
+        if num_split == 0:
+            break
+        ev_pos = cp.empty(num_child_events, dtype=enc.EVENT_POS_DTYPE)
+        ev_kind = cp.empty(num_child_events, dtype=enc.EVENT_KIND_DTYPE)
+        ev_ref = cp.empty(num_child_events, dtype=np.int32)
+        ev_seg = cp.empty(num_child_events, dtype=np.int32)
+        launch("split_events", kernel("kd_scatter_events"), num_events,
+               (events.event_pos, events.event_kind, events.event_ref, events.event_seg,
+                ref_class, event_lr_ex, nodes.seg_event_offset, split_leaf_ex,
+                child_event_offset, ref_new_left, ref_new_right, i64(n), i64(num_events),
+                ev_pos, ev_kind, ev_ref, ev_seg))
+        child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
+        child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
+        launch("make_child_nodes", kernel("kd_child_nodes"), n,
+               (nodes.node_lo, nodes.node_hi, node_split, best.node_axis, best.node_pos,
+                split_leaf_ex, i64(n), child_lo, child_hi))
+        events = EventSoA(ev_pos, ev_kind, ev_ref, ev_seg)
+        refs = RefSoA(child_tri, child_node)
+        nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
+                        node_ref_offset=child_ref_offset[:2 * num_split + 1],
+                        seg_event_offset=child_event_offset[:6 * num_split + 1])
+        num_events = num_child_events
+        num_refs = num_child_refs
+    with stage(xp=cp, description="concatenate_output"):
+        result = [cp.concatenate(parts) for parts in out]
+    return (*result, level)

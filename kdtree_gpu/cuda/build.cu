@@ -1,0 +1,421 @@
+// Kernels of the level-by-level SAH kd-tree builder (kdtree_gpu/builder.py).
+//
+// Each kernel fuses the element-wise work between two scans of one build
+// stage; the NumPy twin of each is the xp code path of the same stage
+// function in builder.py, which the GPU tests compare against.
+//
+// Layout conventions (see builder.py):
+//   events of a level: sorted by segment seg = axis * n + node, then position;
+//   packed scans hold two 32-bit counts in one int64 (low | high << 32) and are
+//   exclusive with a leading 0, so count(i..j) = scan[j] - scan[i].
+#include "sah.cuh"
+
+#define KD_LOW(x) ((long long)((unsigned long long)(x) & 0xffffffffull))
+#define KD_HIGH(x) ((long long)((unsigned long long)(x) >> 32))
+
+__device__ __forceinline__ long long kd_tid()
+{
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// Stage compute_split_costs, part 1: per event, the run-head flag (first event
+// of a run of equal positions in a segment) and the packed (opens, closes)
+// counts: opens = START or PLANAR, closes = END or PLANAR.
+extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
+                                          const signed char* __restrict__ event_kind,
+                                          const int* __restrict__ event_seg,
+                                          long long num_events,
+                                          long long* __restrict__ open_close,  // (E + 1)
+                                          int* __restrict__ head)              // (E)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    int kind = event_kind[e];
+    long long opens = kind != KD_EVENT_END;
+    long long closes = kind != KD_EVENT_START;
+    open_close[e + 1] = opens | (closes << 32);
+    if (e == 0) open_close[0] = 0;
+    head[e] = e == 0 || event_seg[e] != event_seg[e - 1] || event_pos[e] != event_pos[e - 1];
+}
+
+// Part 2: the index of the first event of every run (run_id is the inclusive
+// scan of head, so run r = run_id - 1 starts at run_start[r]).
+extern "C" __global__ void kd_run_starts(const int* __restrict__ head,
+                                         const int* __restrict__ run_id,
+                                         long long num_events,
+                                         int* __restrict__ run_start)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    if (head[e]) run_start[run_id[e] - 1] = (int)e;
+}
+
+// Part 3: the SAH cost of the plane at every run head (rules R5-R7):
+//   N_L = opens before the run, N_P = planars in the run,
+//   N_R = N - closes up to the end of the run.
+// planars(0..i) = opens(0..i) + closes(0..i) - i, since each event is exactly
+// one of END (closes), START (opens) or PLANAR (both).
+extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
+                                          const int* __restrict__ event_seg,
+                                          const int* __restrict__ head,
+                                          const int* __restrict__ run_id,
+                                          const int* __restrict__ run_start,
+                                          const long long* __restrict__ open_close_ex,
+                                          const long long* __restrict__ seg_event_offset,
+                                          const long long* __restrict__ node_ref_offset,
+                                          const float* __restrict__ node_lo,
+                                          const float* __restrict__ node_hi,
+                                          const bool* __restrict__ node_active,
+                                          const bool* __restrict__ seg_enabled,
+                                          long long num_nodes,
+                                          long long num_events,
+                                          double k_traversal, double k_intersect,
+                                          double empty_bonus,
+                                          double* __restrict__ event_cost,
+                                          signed char* __restrict__ event_side)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    signed char side = KD_SIDE_LEFT;
+    int seg = event_seg[e];
+    int node = (int)(seg % num_nodes);
+    int axis = (int)(seg / num_nodes);
+    float p = event_pos[e];
+    float lo_k = node_lo[3 * node + axis];
+    float hi_k = node_hi[3 * node + axis];
+    if (head[e] && node_active[node] && seg_enabled[seg] && p > lo_k && p < hi_k) {
+        long long seg_start = seg_event_offset[seg];
+        int run = run_id[e];  // 1-based: the next run starts at run_start[run]
+        long long run_end = run == run_id[num_events - 1] ? num_events : run_start[run];
+        long long oc_e = open_close_ex[e];
+        long long oc_s = open_close_ex[seg_start];
+        long long oc_r = open_close_ex[run_end];
+        long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+        long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+        long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
+        long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+        long long n_planar = planar_r - planar_e;
+        long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+
+        double lo[3], ext[3];
+        for (int k = 0; k < 3; ++k) {
+            lo[k] = (double)node_lo[3 * node + k];
+            ext[k] = __dsub_rn((double)node_hi[3 * node + k], lo[k]);
+        }
+        double area = kd_half_area(ext[0], ext[1], ext[2]);
+        double ext_l[3] = {ext[0], ext[1], ext[2]};
+        double ext_r[3] = {ext[0], ext[1], ext[2]};
+        ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+        ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+        double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+        double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+        double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                      n_left + n_planar, n_right);
+        double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                      n_left, n_right + n_planar);
+        if (cost_l <= cost_r) {
+            cost = cost_l;
+        } else {
+            cost = cost_r;
+            side = KD_SIDE_RIGHT;
+        }
+    }
+    event_cost[e] = cost;
+    event_side[e] = side;
+}
+
+// Stage select_best_splits + decide_leaves, per node: the best of the three
+// axes' best planes (ties keep the lower axis), and whether to split (R4, R8).
+// Writes the packed (split, leaf triangle count) scan input with a leading 0.
+extern "C" __global__ void kd_select_splits(const long long* __restrict__ seg_best,
+                                            const double* __restrict__ event_cost,
+                                            const float* __restrict__ event_pos,
+                                            const signed char* __restrict__ event_side,
+                                            const long long* __restrict__ node_ref_offset,
+                                            const bool* __restrict__ node_active,
+                                            long long num_nodes,
+                                            double k_intersect,
+                                            double* __restrict__ best_cost,
+                                            signed char* __restrict__ best_axis,
+                                            float* __restrict__ best_pos,
+                                            signed char* __restrict__ best_side,
+                                            bool* __restrict__ node_split,
+                                            long long* __restrict__ split_leaf)  // (n + 1)
+{
+    long long i = kd_tid();
+    if (i >= num_nodes) return;
+    double cost = __longlong_as_double(0x7ff0000000000000ll);
+    int axis = 0;
+    long long ev = -1;
+    for (int k = 0; k < 3; ++k) {
+        long long idx = seg_best[k * num_nodes + i];
+        if (idx >= 0) {
+            double c = event_cost[idx];
+            if (c < cost) {
+                cost = c;
+                axis = k;
+                ev = idx;
+            }
+        }
+    }
+    long long n_all = node_ref_offset[i + 1] - node_ref_offset[i];
+    bool split = node_active[i] && ev >= 0 && cost < __dmul_rn(k_intersect, (double)n_all);
+    best_cost[i] = cost;
+    best_axis[i] = (signed char)axis;
+    best_pos[i] = ev >= 0 ? event_pos[ev] : 0.0f;
+    best_side[i] = ev >= 0 ? event_side[ev] : (signed char)KD_SIDE_LEFT;
+    node_split[i] = split;
+    split_leaf[i + 1] = (long long)split | ((split ? 0ll : n_all) << 32);
+    if (i == 0) split_leaf[0] = 0;
+}
+
+// Stage classify_triangles (R9): class bits of each reference, 0 in leaves,
+// and the packed (left, right) scan input with a leading 0.
+extern "C" __global__ void kd_classify_refs(const int* __restrict__ ref_tri,
+                                            const int* __restrict__ ref_node,
+                                            const signed char* __restrict__ best_axis,
+                                            const float* __restrict__ best_pos,
+                                            const signed char* __restrict__ best_side,
+                                            const bool* __restrict__ node_split,
+                                            const float* __restrict__ tri_lo,
+                                            const float* __restrict__ tri_hi,
+                                            long long num_refs,
+                                            unsigned char* __restrict__ ref_class,
+                                            long long* __restrict__ ref_lr)  // (R + 1)
+{
+    long long r = kd_tid();
+    if (r >= num_refs) return;
+    int node = ref_node[r];
+    unsigned char cls = 0;
+    if (node_split[node]) {
+        int axis = best_axis[node];
+        float p = best_pos[node];
+        int tri = ref_tri[r];
+        float a = tri_lo[3 * tri + axis];
+        float b = tri_hi[3 * tri + axis];
+        if (a == b && a == p)
+            cls = best_side[node] == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
+        else if (a >= p)
+            cls = KD_CLASS_RIGHT;
+        else if (b <= p)
+            cls = KD_CLASS_LEFT;
+        else
+            cls = KD_CLASS_BOTH;
+    }
+    ref_class[r] = cls;
+    ref_lr[r + 1] = (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
+    if (r == 0) ref_lr[0] = 0;
+}
+
+// Stage route_events: every event follows its reference's class.
+extern "C" __global__ void kd_event_lr(const int* __restrict__ event_ref,
+                                       const unsigned char* __restrict__ ref_class,
+                                       long long num_events,
+                                       long long* __restrict__ event_lr)  // (E + 1)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    unsigned char cls = ref_class[event_ref[e]];
+    event_lr[e + 1] = (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
+    if (e == 0) event_lr[0] = 0;
+}
+
+// Left child group of group g (a node, or a segment axis * n + node):
+// children of the r-th splitting node are 2r, 2r + 1 per axis block of 2S.
+__device__ __forceinline__ long long kd_child_group(long long g, long long num_nodes,
+                                                    const long long* split_leaf_ex,
+                                                    long long num_split)
+{
+    long long node = g % num_nodes;
+    long long axis = g / num_nodes;
+    long long rank = KD_LOW(split_leaf_ex[node]);
+    return axis * 2 * num_split + 2 * rank;
+}
+
+// Stage route_refs / route_events: sizes of the child groups, written after
+// a leading 0 so that a scan gives the child offsets. Groups are the n nodes
+// (num_axes = 1) or the 3n segments (num_axes = 3).
+extern "C" __global__ void kd_child_counts(const long long* __restrict__ group_offset,
+                                           const long long* __restrict__ lr_ex,
+                                           const bool* __restrict__ node_split,
+                                           const long long* __restrict__ split_leaf_ex,
+                                           long long num_nodes, long long num_groups,
+                                           long long* __restrict__ child_count)
+{
+    long long g = kd_tid();
+    if (g >= num_groups) return;
+    long long node = g % num_nodes;
+    if (g == 0) child_count[0] = 0;
+    if (!node_split[node]) return;
+    long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
+    long long c = kd_child_group(g, num_nodes, split_leaf_ex, num_split);
+    long long start = lr_ex[group_offset[g]], end = lr_ex[group_offset[g + 1]];
+    child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
+    child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
+}
+
+// The sizes the host needs for the next level, gathered for one read:
+// [splitting nodes, child refs, child events, leaf refs].
+extern "C" __global__ void kd_level_totals(const long long* __restrict__ split_leaf_ex,
+                                           const long long* __restrict__ child_ref_offset,
+                                           const long long* __restrict__ child_event_offset,
+                                           long long num_nodes,
+                                           long long* __restrict__ totals)
+{
+    if (kd_tid() != 0) return;
+    long long s = split_leaf_ex[num_nodes];
+    long long num_split = KD_LOW(s);
+    totals[0] = num_split;
+    totals[1] = child_ref_offset[2 * num_split];
+    totals[2] = child_event_offset[6 * num_split];
+    totals[3] = KD_HIGH(s);
+}
+
+// Stage emit_level: node records (R10). Children of the r-th splitting node are
+// tree nodes child_base + 2r, + 1; a leaf points at its triangles in leaf_tris.
+extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
+                                         const signed char* __restrict__ best_axis,
+                                         const float* __restrict__ best_pos,
+                                         const long long* __restrict__ split_leaf_ex,
+                                         long long num_nodes, long long child_base,
+                                         long long leaf_ref_base,
+                                         signed char* __restrict__ out_axis,
+                                         float* __restrict__ out_split,
+                                         int* __restrict__ out_child,
+                                         int* __restrict__ out_count)
+{
+    long long i = kd_tid();
+    if (i >= num_nodes) return;
+    long long s0 = split_leaf_ex[i], s1 = split_leaf_ex[i + 1];
+    if (node_split[i]) {
+        out_axis[i] = best_axis[i];
+        out_split[i] = best_pos[i];
+        out_child[i] = (int)(child_base + 2 * KD_LOW(s0));
+        out_count[i] = 0;
+    } else {
+        out_axis[i] = KD_AXIS_LEAF;
+        out_split[i] = 0.0f;
+        out_child[i] = (int)(leaf_ref_base + KD_HIGH(s0));
+        out_count[i] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
+    }
+}
+
+// Stage split_refs (and the leaf lists of emit_level): stable compaction of
+// the references into the children, order kept; references of leaves go to
+// the level's leaf list. Records where each copy went, for split_events.
+extern "C" __global__ void kd_scatter_refs(const int* __restrict__ ref_tri,
+                                           const int* __restrict__ ref_node,
+                                           const unsigned char* __restrict__ ref_class,
+                                           const long long* __restrict__ ref_lr_ex,
+                                           const long long* __restrict__ node_ref_offset,
+                                           const long long* __restrict__ split_leaf_ex,
+                                           const long long* __restrict__ child_ref_offset,
+                                           long long num_refs,
+                                           int* __restrict__ leaf_tris,
+                                           int* __restrict__ child_tri,
+                                           int* __restrict__ child_node,
+                                           int* __restrict__ ref_new_left,
+                                           int* __restrict__ ref_new_right)
+{
+    long long r = kd_tid();
+    if (r >= num_refs) return;
+    int node = ref_node[r];
+    int tri = ref_tri[r];
+    unsigned char cls = ref_class[r];
+    long long start = node_ref_offset[node];
+    long long sl = split_leaf_ex[node];
+    if (cls == 0) {
+        leaf_tris[KD_HIGH(sl) + (r - start)] = tri;
+        return;
+    }
+    long long child = 2 * KD_LOW(sl);
+    long long lr_r = ref_lr_ex[r], lr_s = ref_lr_ex[start];
+    int new_left = -1, new_right = -1;
+    if (cls & KD_CLASS_LEFT) {
+        long long dst = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
+        child_tri[dst] = tri;
+        child_node[dst] = (int)child;
+        new_left = (int)dst;
+    }
+    if (cls & KD_CLASS_RIGHT) {
+        long long dst = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
+        child_tri[dst] = tri;
+        child_node[dst] = (int)(child + 1);
+        new_right = (int)dst;
+    }
+    ref_new_left[r] = new_left;
+    ref_new_right[r] = new_right;
+}
+
+// Stage split_events: stable compaction of every axis's events into the
+// children's segments, order kept (no re-sort); each copy points at its
+// reference's copy in the same child.
+extern "C" __global__ void kd_scatter_events(const float* __restrict__ event_pos,
+                                             const signed char* __restrict__ event_kind,
+                                             const int* __restrict__ event_ref,
+                                             const int* __restrict__ event_seg,
+                                             const unsigned char* __restrict__ ref_class,
+                                             const long long* __restrict__ event_lr_ex,
+                                             const long long* __restrict__ seg_event_offset,
+                                             const long long* __restrict__ split_leaf_ex,
+                                             const long long* __restrict__ child_event_offset,
+                                             const int* __restrict__ ref_new_left,
+                                             const int* __restrict__ ref_new_right,
+                                             long long num_nodes, long long num_events,
+                                             float* __restrict__ out_pos,
+                                             signed char* __restrict__ out_kind,
+                                             int* __restrict__ out_ref,
+                                             int* __restrict__ out_seg)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    int ref = event_ref[e];
+    unsigned char cls = ref_class[ref];
+    if (cls == 0) return;
+    int seg = event_seg[e];
+    long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
+    long long child_seg = kd_child_group(seg, num_nodes, split_leaf_ex, num_split);
+    long long lr_e = event_lr_ex[e], lr_s = event_lr_ex[seg_event_offset[seg]];
+    float pos = event_pos[e];
+    signed char kind = event_kind[e];
+    if (cls & KD_CLASS_LEFT) {
+        long long dst = child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
+        out_pos[dst] = pos;
+        out_kind[dst] = kind;
+        out_ref[dst] = ref_new_left[ref];
+        out_seg[dst] = (int)child_seg;
+    }
+    if (cls & KD_CLASS_RIGHT) {
+        long long dst = child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
+        out_pos[dst] = pos;
+        out_kind[dst] = kind;
+        out_ref[dst] = ref_new_right[ref];
+        out_seg[dst] = (int)(child_seg + 1);
+    }
+}
+
+// Stage make_child_nodes: child boxes (left: hi[axis] = p; right: lo[axis] = p).
+extern "C" __global__ void kd_child_nodes(const float* __restrict__ node_lo,
+                                          const float* __restrict__ node_hi,
+                                          const bool* __restrict__ node_split,
+                                          const signed char* __restrict__ best_axis,
+                                          const float* __restrict__ best_pos,
+                                          const long long* __restrict__ split_leaf_ex,
+                                          long long num_nodes,
+                                          float* __restrict__ child_lo,
+                                          float* __restrict__ child_hi)
+{
+    long long i = kd_tid();
+    if (i >= num_nodes || !node_split[i]) return;
+    long long c = 2 * KD_LOW(split_leaf_ex[i]);
+    int axis = best_axis[i];
+    float p = best_pos[i];
+    for (int k = 0; k < 3; ++k) {
+        float lo = node_lo[3 * i + k], hi = node_hi[3 * i + k];
+        child_lo[3 * c + k] = lo;
+        child_hi[3 * c + k] = k == axis ? p : hi;
+        child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
+        child_hi[3 * (c + 1) + k] = hi;
+    }
+}

@@ -1,0 +1,237 @@
+"""The level-by-level builder against the CPU reference builders.
+
+NumPy pipeline (CI) and CuPy pipeline (``-m gpu``) must make the same tree as
+``cpu_reference`` under the same settings (build rules R1-R10).
+"""
+
+import os
+
+import numpy as np
+import pytest
+
+import cpu_reference
+from cpu_reference import naive
+import kdtree_gpu as kd
+from kdtree_gpu import SAHConfig, builder
+from kdtree_gpu.backend import gpu_available
+
+REAL_MESHES = ["cornell_box", "suzanne", "spot", "teapot", "stanford_bunny", "sponza_dabrovic",
+               "happy_buddha_100k", "lucy_100k", "stanford_dragon_res2", "stanford_armadillo",
+               "conference"]
+
+
+@pytest.fixture
+def mesh_path():
+    """Path of a real mesh by name (skips the test when the mesh folder lacks it)."""
+
+    def find(name):
+        folder = os.environ.get("KDTREE_GPU_MESH_DIR")
+        path = os.path.join(folder or "", name + ".ply")
+        if not folder or not os.path.isfile(path):
+            pytest.skip(f"mesh {name} not found (set KDTREE_GPU_MESH_DIR)")
+        return path
+
+    return find
+
+
+# --- scenes --------------------------------------------------------------------------
+def soup(rng, n, scale=0.15):
+    """Small random triangles in the unit cube."""
+    centers = rng.random((n, 1, 3))
+    V = (centers + scale * rng.random((n, 3, 3))).reshape(-1, 3).astype(np.float32)
+    return V, np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+
+
+def grid_soup(rng, n):
+    """Triangles with integer coordinates: many equal event positions and planar triangles."""
+    V = (rng.integers(0, 8, (n, 1, 3)) + rng.integers(0, 2, (n, 3, 3))).reshape(-1, 3)
+    return V.astype(np.float32), np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+
+
+def quads(rng, n, duplicate=False):
+    """Axis-aligned unit quads on an integer grid: planar-heavy, planes shared by many."""
+    pts = []
+    for _ in range(n):
+        ax = int(rng.integers(0, 3))
+        c = int(rng.integers(0, 4))
+        u0, v0 = (int(x) for x in rng.integers(0, 3, 2))
+        for du, dv in ((0, 0), (1, 0), (1, 1), (0, 1)):
+            p = [0, 0, 0]
+            p[ax], p[(ax + 1) % 3], p[(ax + 2) % 3] = c, u0 + du, v0 + dv
+            pts.append(p)
+    V = np.array(pts, dtype=np.float32)
+    F = np.concatenate([[[4 * i, 4 * i + 1, 4 * i + 2], [4 * i, 4 * i + 2, 4 * i + 3]]
+                        for i in range(n)]).astype(np.int32)
+    if duplicate:
+        F = np.concatenate([F, F[: max(1, len(F) // 3)]])
+    return V, F
+
+
+def with_degenerate(V, F):
+    """Append a zero-area triangle (a repeated vertex) and a collinear one."""
+    F = np.concatenate([F, [[0, 0, 1]], [[0, 1, 1]]]).astype(np.int32)
+    return V, F
+
+
+def random_scene(seed):
+    rng = np.random.default_rng(seed)
+    kind = seed % 5
+    if kind == 0:
+        return soup(rng, int(rng.integers(1, 60)))
+    if kind == 1:
+        return grid_soup(rng, int(rng.integers(1, 40)))
+    if kind == 2:
+        return quads(rng, int(rng.integers(1, 14)))
+    if kind == 3:
+        return quads(rng, int(rng.integers(1, 14)), duplicate=True)
+    return with_degenerate(*grid_soup(rng, int(rng.integers(2, 30))))
+
+
+CONFIGS = [
+    SAHConfig(),
+    SAHConfig(axes="longest"),
+    SAHConfig(leaf_size=2, empty_bonus=1.0),
+    SAHConfig(max_depth=4, k_traversal=1.0, k_intersect=1.5),
+]
+
+
+def assert_same_tree(reference, tree):
+    diff = reference.compare(tree)
+    assert diff is None, diff
+    assert tree.num_nodes == reference.num_nodes
+    assert tree.num_refs == reference.num_refs
+    assert tree.num_degenerate == reference.num_degenerate
+    tree.check()
+
+
+# --- NumPy pipeline (runs in CI) ----------------------------------------------------------
+@pytest.mark.parametrize("seed", range(120))
+def test_numpy_pipeline_equals_naive_builder(seed):
+    V, F = random_scene(seed)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_numpy_pipeline_equals_reference_on_larger_scenes(seed):
+    rng = np.random.default_rng(1000 + seed)
+    V, F = soup(rng, 400, scale=0.05) if seed % 2 else grid_soup(rng, 300)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+
+
+def test_numpy_pipeline_on_a_real_mesh(mesh_path):
+    V, F = kd.load_mesh(mesh_path("suzanne"))
+    assert_same_tree(cpu_reference.build(V, F), kd.build(V, F, device="cpu"))
+
+
+def test_build_accepts_a_trimesh_mesh():
+    trimesh = pytest.importorskip("trimesh")
+    mesh = trimesh.creation.icosphere(subdivisions=2)
+    tree = kd.build(mesh, device="cpu")
+    assert tree.num_triangles == len(mesh.faces)
+    assert_same_tree(cpu_reference.build(mesh.vertices, mesh.faces), tree)
+
+
+def test_clip_on_cpu_runs_the_reference():
+    V, F = quads(np.random.default_rng(3), 10)
+    cfg = SAHConfig(clip=True)
+    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+
+
+def test_build_profile_table():
+    V, F = soup(np.random.default_rng(4), 200)
+    tree = kd.build(V, F, device="cpu", profile=True)
+    table = tree.build_info["profile_table"]
+    for name in ("compute_split_costs", "select_best_splits", "classify_triangles",
+                 "split_events", "emit_level"):
+        assert name in table
+
+
+@pytest.mark.parametrize("bad, message", [
+    ((np.zeros((0, 3), np.float32), np.zeros((0, 3), np.int32)), "empty"),
+    ((np.array([[0, 0, 0], [1, 0, 0], [np.nan, 1, 0]], np.float32), np.array([[0, 1, 2]])), "NaN"),
+    ((np.eye(3, dtype=np.float32), np.array([[0, 1, 3]])), "out of range"),
+    ((np.eye(3, dtype=np.float32), np.array([[0, -1, 2]])), "negative"),
+    ((np.eye(3, dtype=np.float32)[:, :2], np.array([[0, 1, 2]])), "shape"),
+    ((np.eye(3, dtype=np.float32), np.array([[0, 1, 2]], dtype=np.float32)), "integer"),
+    ((np.zeros((3, 3), np.float32), np.array([[0, 1, 2]])), "degenerate"),
+])
+def test_bad_input_is_named(bad, message):
+    with pytest.raises(kd.MeshError, match=message):
+        kd.build(*bad, device="cpu")
+
+
+def test_bad_arguments():
+    V, F = soup(np.random.default_rng(0), 5)
+    with pytest.raises(ValueError, match="device"):
+        kd.build(V, F, device="tpu")
+    with pytest.raises(TypeError, match="SAHConfig"):
+        kd.build(V, F, config={"k_traversal": 1})
+    with pytest.raises(ValueError, match="kernels"):
+        kd.build(V, F, device="cpu", kernels="magic")
+
+
+# --- CuPy pipeline (GPU) ------------------------------------------------------------------
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("kernels", ["fused", "xp"])
+@pytest.mark.parametrize("seed", range(0, 200, 2))
+def test_gpu_pipeline_equals_naive_builder(seed, kernels):
+    V, F = random_scene(seed)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cuda", kernels=kernels))
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(20))
+def test_gpu_fused_equals_reference_on_larger_scenes(seed):
+    rng = np.random.default_rng(2000 + seed)
+    V, F = (soup(rng, 3000, scale=0.02), grid_soup(rng, 2000), quads(rng, 400, True))[seed % 3]
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))
+
+
+@gpu
+@pytest.mark.parametrize("name", REAL_MESHES)
+@pytest.mark.parametrize("axes", ["all", "longest"])
+def test_gpu_equals_reference_on_real_meshes(name, axes, mesh_path):
+    V, F = kd.load_mesh(mesh_path(name))
+    cfg = SAHConfig(axes=axes)
+    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))
+
+
+@gpu
+def test_gpu_clip_is_not_implemented():
+    V, F = soup(np.random.default_rng(0), 10)
+    with pytest.raises(NotImplementedError, match="clip"):
+        kd.build(V, F, SAHConfig(clip=True), device="cuda")
+
+
+@gpu
+def test_gpu_out_of_memory_is_a_clear_error_and_the_gpu_stays_usable():
+    import cupy
+
+    V, F = soup(np.random.default_rng(1), 20000, scale=0.01)
+    pool = cupy.get_default_memory_pool()
+    pool.set_limit(size=4 << 20)
+    try:
+        with pytest.raises(MemoryError, match="does not fit in GPU memory"):
+            kd.build(V, F, device="cuda")
+    finally:
+        pool.set_limit(size=0)
+    tree = kd.build(V, F, device="cuda")
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    assert tree.build_info["peak_device_bytes"] > 0
+
+
+@gpu
+def test_gpu_profile_names_every_stage():
+    V, F = soup(np.random.default_rng(2), 500)
+    tree = kd.build(V, F, device="cuda", profile=True)
+    table = tree.build_info["profile_table"]
+    for name in ("compute_split_costs: costs", "select_best_splits", "classify_triangles",
+                 "split_refs", "split_events", "emit_level", "read_level_counts"):
+        assert name in table
