@@ -142,7 +142,8 @@ _EXAMPLES = {
   kdtree-gpu build bunny.ply -o trees/bunny.kdt --clip
   kdtree-gpu build 'meshes/*.ply' -o trees/       # a batch, with a progress bar
   kdtree-gpu build stanford_bunny teapot -o trees/ --json   # names from $KDTREE_GPU_MESH_DIR
-  kdtree-gpu build dragon.ply --device cpu --axes longest --max-depth 20 --force""",
+  kdtree-gpu build dragon.ply --device cpu --axes longest --max-depth 20 --force
+  kdtree-gpu build stanford_dragon_res2 --device gpu --profile   # per-stage GPU times""",
     "info": """examples:
   kdtree-gpu info bunny.kdt
   kdtree-gpu info bunny.kdt --json""",
@@ -240,6 +241,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--force", action="store_true", help="overwrite existing tree files")
     p.add_argument("--progress", action="store_true",
                    help="show the progress bar even when stderr is not a terminal")
+    p.add_argument("--profile", action="store_true",
+                   help="print the per-stage time table of each build")
     p.set_defaults(handler=run_build)
 
     p = add("info", "statistics and settings of a saved tree",
@@ -622,12 +625,19 @@ def pipeline_name(device: str) -> str:
     return "GPU pipeline" if device == "cuda" else "NumPy pipeline"
 
 
-def build_tree(vertices, faces, config: SAHConfig, device: str):
-    """Build with the level-by-level builder; returns ``(tree, build_ms)``."""
+def build_tree(vertices, faces, config: SAHConfig, device: str, profile: bool = False):
+    """Build with the level-by-level builder; returns ``(tree, build_ms)``.
+
+    ``build_ms`` is the wall time of the whole call (validation, upload,
+    build, download), as a user sees it.
+    """
     import kdtree_gpu
 
     start = time.perf_counter()
-    tree = kdtree_gpu.build(vertices, faces, config=config, device=device)
+    if profile:
+        tree = kdtree_gpu.build(vertices, faces, config=config, device=device, profile=True)
+    else:
+        tree = kdtree_gpu.build(vertices, faces, config=config, device=device)
     return tree, (time.perf_counter() - start) * 1e3
 
 
@@ -830,7 +840,7 @@ def run_build(args) -> int:
                 raise CliError(f"{out} exists (use --force to overwrite)")
             _check_output_dir(out)
             vertices, faces = load_input(item)
-            tree, build_ms = build_tree(vertices, faces, config, device)
+            tree, build_ms = build_tree(vertices, faces, config, device, profile=args.profile)
             tree.save(out)
             summary = summarize_tree(tree)
         except KeyboardInterrupt:
@@ -850,9 +860,13 @@ def run_build(args) -> int:
             record = {"mesh": str(item.path or item.label), "ok": True, "output": str(out),
                       "device": device, "build_ms": build_ms, "config": config.to_dict()}
             record.update(summary)
+            if args.profile:
+                record["profile"] = tree.build_info.get("profile")
             print_json(record)
         else:
             print(format_summary(item.label, summary, build_ms) + f" -> {out}", flush=True)
+            if args.profile and tree.build_info.get("profile_table"):
+                print(tree.build_info["profile_table"], flush=True)
     progress.show(len(inputs), "done")
     progress.clear()
     if num_failed:
@@ -1007,11 +1021,16 @@ def run_render(args) -> int:
     return EXIT_OK
 
 
-def render_image(target, width, height, spp, max_depth, device):
-    """Path-trace ``target`` (a scene or ``(vertices, faces)``); returns the image."""
+def render_image(target, width, height, spp, max_depth, device, tree=None):
+    """Path-trace ``target`` (a scene or ``(vertices, faces)``); returns the image.
+
+    ``tree``, when given, is a tree over exactly the scene's triangles and
+    saves the renderer a build.
+    """
     from .render import render
 
-    result = render(target, width, height, spp=spp, max_depth=max_depth, device=device)
+    result = render(target, width, height, spp=spp, max_depth=max_depth, device=device,
+                    tree=tree)
     return result.image
 
 
@@ -1133,7 +1152,7 @@ def run_demo(args) -> int:
           + ("all agree with brute force" if problem is None else f"MISMATCH: {problem}"))
     width, height = args.size
     start = time.perf_counter()
-    image = render_image(scene, width, height, args.spp, 5, device)
+    image = render_image(scene, width, height, args.spp, 5, device, tree=tree)
     seconds = time.perf_counter() - start
     save_image(image, out)
     print(f"  rendered: {width}x{height}, {args.spp} spp in {seconds:.2f} s -> {out}")
