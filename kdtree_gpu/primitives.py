@@ -286,7 +286,9 @@ def float_to_ordered_uint(x):
     except KeyError:
         raise TypeError(f"float_to_ordered_uint needs float32 or float64, got {x.dtype}") from None
     bits = x.view(udtype)
-    mask = xp.where(bits >= sign, ~udtype.type(0), sign).astype(udtype, copy=False)
+    # branch-free: negative (sign bit 1) -> flip all bits, else set the sign bit
+    negative = bits >> udtype.type(8 * udtype.itemsize - 1)
+    mask = (negative * ~udtype.type(0)) | sign
     return bits ^ mask
 
 
@@ -307,7 +309,8 @@ def ordered_uint_to_float(key):
             break
     else:
         raise TypeError(f"ordered_uint_to_float needs uint32 or uint64, got {key.dtype}")
-    mask = xp.where(key >= sign, sign, ~udtype.type(0)).astype(udtype, copy=False)
+    positive = key >> udtype.type(8 * udtype.itemsize - 1)
+    mask = ((udtype.type(1) - positive) * ~udtype.type(0)) | sign
     return (key ^ mask).view(fdtype)
 
 
