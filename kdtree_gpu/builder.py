@@ -607,13 +607,15 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         peak = pool.total_bytes() - used_before
         host = [a.get() for a in arrays[:5]]
         build_info = {"builder": "kdtree_gpu.level", "device": "cuda", "levels": arrays[5],
-                      "kernels": kernels, "peak_device_bytes": int(peak)}
+                      "level_sizes": arrays[6], "kernels": kernels,
+                      "peak_device_bytes": int(peak)}
         pool.free_all_blocks()
     else:
         with (Profiler() if profile else contextlib.nullcontext()) as prof:
             arrays = _build_levels(np, cfg, tri_lo, tri_hi, valid, bounds)
         host = list(arrays[:5])
-        build_info = {"builder": "kdtree_gpu.level", "device": "cpu", "levels": arrays[5]}
+        build_info = {"builder": "kdtree_gpu.level", "device": "cpu", "levels": arrays[5],
+                      "level_sizes": arrays[6]}
     build_info["seconds"] = time.perf_counter() - t0
     if profile:
         build_info["profile"] = prof.as_dict()
@@ -649,8 +651,10 @@ def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     level_base = 0
     leaf_ref_base = 0
     level = 0
+    level_sizes = []
     while nodes.size > 0:
         n = nodes.size
+        level_sizes.append((n, refs.size, events.size))
         with stage(xp=xp, description="compute_split_costs"):
             node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
             node_active = (node_n > cfg.leaf_size) & (level < max_depth)
@@ -720,7 +724,7 @@ def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     with stage(xp=xp, description="concatenate_output"):
         result = [xp.concatenate(parts) for parts in
                   (out_axis, out_split, out_child, out_count, out_leaf)]
-    return (*result, level)
+    return (*result, level, level_sizes)
 
 
 def _axis_event_counts(xp, events):
@@ -769,8 +773,10 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     level = 0
     num_events = events.size
     num_refs = refs.size
+    level_sizes = []
     while True:
         n = nodes.size
+        level_sizes.append((n, num_refs, num_events))
         # -- compute_split_costs
         with stage(xp=cp, description="compute_split_costs"):
             node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
@@ -892,4 +898,4 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
         num_refs = num_child_refs
     with stage(xp=cp, description="concatenate_output"):
         result = [cp.concatenate(parts) for parts in out]
-    return (*result, level)
+    return (*result, level, level_sizes)

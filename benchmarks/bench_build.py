@@ -1,0 +1,292 @@
+#!/usr/bin/env python3
+"""Build-time benchmark: the GPU level-by-level builder beside the CPU reference.
+
+For each mesh: warm GPU build time (CUDA events around ``kd.build``, median of
+repeats after a warm-up), cold build time (first call in a fresh process with
+an empty kernel cache, so compilation is included), a per-stage breakdown
+(one profiled build), peak device memory, nodes, leaves, references per
+triangle, SAH cost, whether the GPU tree equals the CPU reference's, and the
+CPU reference's build time on this machine's CPU. Beside them: the GTX 1070
+times of the GAPT part 11 post (its Table 2) and tomilov/sah_kd_tree on an
+H200 (``shared/peers/README.md``).
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_build.py --mesh-dir DIR --out DIR [--quick]
+
+Writes ``build_<gpu>.json`` (one object per mesh plus a header) and
+``build_<gpu>.md`` (a readable table) under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import cpu_reference  # noqa: E402
+import kdtree_gpu as kd  # noqa: E402
+
+# GAPT part 11, Table 2: GTX 1070 GPU build seconds (Wald-style CPU on i7-4770 in parentheses).
+GAPT_GTX1070_S = {"cornell_box": 0.046, "suzanne": 0.095, "stanford_bunny": 0.655,
+                  "stanford_dragon_res2": 1.100, "buddha_1.09M": 2.801}
+# tomilov/sah_kd_tree (CUDA/Thrust, full SAH with clipping) on an H200, ms (shared/peers/README.md).
+SAH_KD_TREE_H200_MS = {"cornell_box": 26.3, "suzanne": 73.8, "spot": 97.2, "stanford_bunny": 123.0,
+                       "sponza_dabrovic": 113.0, "happy_buddha_100k": 129.1,
+                       "stanford_dragon_res2": 170.3, "stanford_armadillo": 130.5,
+                       "conference": 206.2}
+DEFAULT_MESHES = ["cornell_box", "suzanne", "stanford_bunny", "stanford_dragon_res2",
+                  "stanford_armadillo", "happy_buddha_100k", "conference",
+                  "stanford_armadillo@sub1", "stanford_armadillo@sub2"]
+
+
+def subdivide(V, F):
+    """4-to-1 midpoint subdivision (edge midpoints shared between neighbours)."""
+    V = np.asarray(V, dtype=np.float64)
+    F = np.asarray(F, dtype=np.int64)
+    edges = np.concatenate([F[:, [0, 1]], F[:, [1, 2]], F[:, [2, 0]]])
+    edges.sort(axis=1)
+    uniq, inverse = np.unique(edges, axis=0, return_inverse=True)
+    mid = (V[uniq[:, 0]] + V[uniq[:, 1]]) / 2
+    m = F.shape[0]
+    e01, e12, e20 = (len(V) + inverse.reshape(3, m)).astype(np.int64)
+    a, b, c = F.T
+    F2 = np.concatenate([np.stack([a, e01, e20], 1), np.stack([e01, b, e12], 1),
+                         np.stack([e20, e12, c], 1), np.stack([e01, e12, e20], 1)])
+    return np.concatenate([V, mid]).astype(np.float32), F2.astype(np.int32)
+
+
+def load(spec, mesh_dir):
+    name, _, sub = spec.partition("@sub")
+    V, F = kd.load_mesh(str(Path(mesh_dir) / f"{name}.ply"))
+    for _ in range(int(sub or 0)):
+        V, F = subdivide(V, F)
+    return V, F
+
+
+def gpu_time_ms(fn, repeats, warmup):
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(times), times
+
+
+def copy_bandwidth_gbs():
+    """Device-to-device copy bandwidth (read + write bytes / time), the memory ceiling."""
+    import cupy
+
+    a = cupy.ones(1 << 28, dtype=np.float32)  # 1 GiB
+    b = cupy.empty_like(a)
+    ms, _ = gpu_time_ms(lambda: b.__setitem__(Ellipsis, a), 10, 3)
+    return 2 * a.nbytes / (ms * 1e-3) / 1e9
+
+
+def cold_build_ms(spec, mesh_dir):
+    """First build in a fresh process with an empty kernel cache (compile included)."""
+    code = (
+        "import sys, time; sys.path.insert(0, %r); sys.path.insert(0, %r);"
+        "import bench_build as b, kdtree_gpu as kd;"
+        "V, F = b.load(%r, %r); t = time.perf_counter(); kd.build(V, F, device='cuda');"
+        "print(1000 * (time.perf_counter() - t))"
+    ) % (str(ROOT), str(ROOT / "benchmarks"), spec, str(mesh_dir))
+    with tempfile.TemporaryDirectory() as cache:
+        env = dict(os.environ, CUPY_CACHE_DIR=cache)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                             text=True, timeout=600)
+    if out.returncode != 0:
+        return None
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+# Bytes each kernel reads and writes per element (events or references), from
+# its argument list in cuda/build.cu; with the element counts of every level
+# this gives the achieved bandwidth of the largest stages.
+STAGE_BYTES = {
+    "compute_split_costs: event flags": ("events", 4 + 1 + 4 + 4 + 4 + 8 + 4),
+    "compute_split_costs: costs": ("events", 4 + 4 + 4 + 4 + 4 + 3 * 8 + 8 + 1),
+    "route_events: flags": ("events", 4 + 1 + 8),
+    "split_events": ("events", 4 + 1 + 4 + 4 + 1 + 2 * 8 + 4 + 2 * (4 + 1 + 4 + 4)),
+    "classify_triangles": ("refs", 4 + 4 + 8 + 1 + 8),
+    "split_refs": ("refs", 4 + 4 + 1 + 2 * 8 + 2 * (4 + 4) + 8),
+}
+
+
+def stage_bandwidth(profile, level_sizes):
+    """Achieved GB/s of the element-proportional kernels (bytes estimated per element)."""
+    totals = {"refs": sum(r for _, r, _ in level_sizes), "events": sum(e for _, _, e in level_sizes)}
+    stages = profile.get("stages", profile) if isinstance(profile, dict) else {}
+    out = {}
+    for name, (unit, nbytes) in STAGE_BYTES.items():
+        rec = stages.get(name) if isinstance(stages, dict) else None
+        if not rec:
+            continue
+        ms = rec.get("total_ms") if isinstance(rec, dict) else None
+        if ms:
+            out[name] = {"ms": ms, "gbytes": totals[unit] * nbytes / 1e9,
+                         "gbs": totals[unit] * nbytes / (ms * 1e-3) / 1e9}
+    return out
+
+
+def bench_mesh(spec, args, copy_gbs):
+    import cupy
+
+    V, F = load(spec, args.mesh_dir)
+    row = {"mesh": spec, "triangles": int(F.shape[0])}
+    big = F.shape[0] > 1_000_000
+    ms, times = gpu_time_ms(lambda: kd.build(V, F, device="cuda"),
+                            args.repeats if not big else max(3, args.repeats // 2), 1)
+    row["gpu_warm_ms"] = ms
+    row["gpu_warm_all_ms"] = times
+    tree = kd.build(V, F, device="cuda", profile=True)
+    row["gpu_profiled_ms"] = 1000 * tree.build_info["seconds"]
+    row["levels"] = tree.build_info["levels"]
+    row["peak_device_bytes"] = tree.build_info.get("peak_device_bytes")
+    prof = tree.build_info["profile"]
+    row["profile"] = prof
+    row["profile_table"] = tree.build_info["profile_table"]
+    row["level_sizes"] = tree.build_info["level_sizes"]
+    row["stage_bandwidth"] = stage_bandwidth(prof, tree.build_info["level_sizes"])
+    stats = tree.stats()
+    for key in ("nodes", "leaves", "empty_leaves", "max_depth", "refs_per_tri", "sah_cost"):
+        row[key] = stats[key]
+    if not args.no_cold:
+        row["gpu_cold_ms"] = cold_build_ms(spec, args.mesh_dir)
+    # The CPU reference on this machine's CPU (numba, one thread), compile excluded.
+    if not args.no_cpu:
+        reps = 1 if big else args.cpu_repeats
+        t = []
+        ref = None
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            ref = cpu_reference.build(V, F)
+            t.append(time.perf_counter() - t0)
+        row["cpu_reference_ms"] = 1000 * statistics.median(t)
+        diff = ref.compare(tree)
+        row["identical_to_reference"] = diff is None
+        if diff is not None:
+            row["difference"] = diff
+            rs = ref.stats()
+            row["reference_sah_cost"] = rs["sah_cost"]
+            row["sah_cost_rel_diff"] = abs(rs["sah_cost"] - stats["sah_cost"]) / rs["sah_cost"]
+    del tree
+    cupy.get_default_memory_pool().free_all_blocks()
+    return row
+
+
+def fmt(x, nd=1):
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:,.{nd}f}"
+    return f"{x:,}"
+
+
+def markdown(header, rows):
+    lines = [f"# Build benchmark on {header['gpu']}", "",
+             f"commit `{header['commit']}`, {header['date']}, CPU: {header['cpu']} "
+             f"({header['cpu_count']} cores; the CPU reference uses one), "
+             f"device-to-device copy {header['copy_gbs']:.0f} GB/s.", "",
+             "Warm: CUDA events around `kd.build` (host validation, upload, all levels, "
+             "download), median of repeats after a warm-up. Cold: first call in a fresh "
+             "process with an empty kernel cache (NVRTC compilation included).", "",
+             "| mesh | triangles | GPU warm ms | GPU cold ms | CPU reference ms | speed-up | "
+             "levels | nodes | leaves | refs/tri | SAH cost | same tree | peak MiB | "
+             "GTX 1070 (GAPT) ms | sah_kd_tree H200 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+    for r in rows:
+        speed = (r["cpu_reference_ms"] / r["gpu_warm_ms"]) if r.get("cpu_reference_ms") else None
+        gapt = GAPT_GTX1070_S.get(r["mesh"])
+        peak = r.get("peak_device_bytes")
+        same = r.get("identical_to_reference")
+        same_s = "-" if same is None else ("yes" if same else
+                                           f"no (SAH rel diff {r.get('sah_cost_rel_diff', 0):.1e})")
+        lines.append("| " + " | ".join([
+            r["mesh"], fmt(r["triangles"]), fmt(r["gpu_warm_ms"], 2), fmt(r.get("gpu_cold_ms"), 0),
+            fmt(r.get("cpu_reference_ms"), 0), fmt(speed, 1) + "x" if speed else "-",
+            fmt(r["levels"]), fmt(r["nodes"]), fmt(r["leaves"]), fmt(r["refs_per_tri"], 2),
+            fmt(r["sah_cost"], 2), same_s, fmt(peak / 2**20, 0) if peak else "-",
+            fmt(1000 * gapt, 0) if gapt else "-", fmt(SAH_KD_TREE_H200_MS.get(r["mesh"]), 1),
+        ]) + " |")
+    lines += ["", "## Per-stage breakdown (one profiled build each)", ""]
+    for r in rows:
+        lines += [f"### {r['mesh']}", "", "```", r["profile_table"], "```", ""]
+        bw = r.get("stage_bandwidth") or {}
+        if bw:
+            lines += ["| stage | ms | GB moved (est.) | GB/s | share of copy bandwidth |",
+                      "|---|---:|---:|---:|---:|"]
+            for name, b in bw.items():
+                lines.append(f"| {name} | {b['ms']:.2f} | {b['gbytes']:.3f} | {b['gbs']:.0f} | "
+                             f"{100 * b['gbs'] / header['copy_gbs']:.0f}% |")
+            lines.append("")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", "meshes"))
+    ap.add_argument("--out", default="benchmarks/results")
+    ap.add_argument("--meshes", nargs="*", default=DEFAULT_MESHES)
+    ap.add_argument("--repeats", type=int, default=9)
+    ap.add_argument("--cpu-repeats", type=int, default=3)
+    ap.add_argument("--no-cold", action="store_true")
+    ap.add_argument("--no-cpu", action="store_true")
+    args = ap.parse_args(argv)
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                            capture_output=True, text=True).stdout.strip() or "unknown"
+    header = {"gpu": gpu, "commit": commit,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
+              "cupy": cupy.__version__, "copy_gbs": copy_bandwidth_gbs()}
+    # Warm the kernels and numba once so no row pays compilation.
+    V, F = load("cornell_box", args.mesh_dir)
+    kd.build(V, F, device="cuda")
+    cpu_reference.build(V, F)
+    rows = []
+    for spec in args.meshes:
+        try:
+            row = bench_mesh(spec, args, header["copy_gbs"])
+        except Exception as exc:  # keep the other meshes
+            row = {"mesh": spec, "error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(row), flush=True)
+            continue
+        rows.append(row)
+        print(json.dumps({k: v for k, v in row.items()
+                          if k not in ("profile", "profile_table", "gpu_warm_all_ms",
+                                       "level_sizes", "stage_bandwidth")}), flush=True)
+    tag = gpu.lower().replace("nvidia", "").strip().replace(" ", "_")
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"build_{tag}.json").write_text(json.dumps({"header": header, "rows": rows}, indent=1))
+    md = markdown(header, rows)
+    (out / f"build_{tag}.md").write_text(md)
+    print(md)
+
+
+if __name__ == "__main__":
+    main()
