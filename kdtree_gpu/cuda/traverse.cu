@@ -92,7 +92,8 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
                                      fmaxf(fabsf(lo_y - oy), fabsf(hi_y - oy))),
                                fmaxf(fabsf(lo_z - oz), fabsf(hi_z - oz)));
     const float t_eps = KD_TRAVERSE_EPS * extent * fabsf(wr.sz);
-    alive &= (tmin <= tmax) && (t0 <= t1 + t_eps);
+    // a zero direction (infinite 1 / d[kz]) hits nothing
+    alive &= (tmin <= tmax) && (t0 <= t1 + t_eps) && fabsf(wr.sz) != KD_WT_INF;
 
     // bit k set: the ray goes toward -k, so the right child (upper half) comes first
     const int neg_mask = (__float_as_int(dx) < 0 ? 1 : 0) | (__float_as_int(dy) < 0 ? 2 : 0) |
