@@ -45,6 +45,7 @@ _MAX_PENDING_EVENTS = 2048
 
 _debug = os.environ.get("KDTREE_GPU_DEBUG", "").strip().lower() in ("1", "true", "yes", "on")
 _active_profiler: Optional["Profiler"] = None
+_stage_depth = 0  # stages open now (records made inside one are nested)
 
 
 class LaunchError(RuntimeError):
@@ -58,24 +59,30 @@ class Profiler:
     two events recorded on the current stream around the work); NumPy-backend
     stages with :func:`time.perf_counter`. Both kinds land in the same table.
 
-    Records are independent: a stage that contains profiled launches counts
-    their time again, so keep stages and launches side by side rather than
-    nested when the shares should add up to 100 %.
+    A launch or stage recorded while another stage is open is *nested*: it
+    is listed (marked ``nested`` in :meth:`as_dict`, indented in
+    :meth:`report`) but left out of the total, since the enclosing stage's
+    time already contains it. Shares are fractions of that total.
     """
 
     def __init__(self):
         self._times = {}  # description -> list of float ms
         self._pending = []  # (description, start_event, end_event)
         self._previous = []  # profilers that were active before each __enter__
+        self._nested = set()  # descriptions recorded inside an open stage
 
     # --- recording -------------------------------------------------------
-    def add_time(self, description: str, ms: float) -> None:
+    def add_time(self, description: str, ms: float, nested: bool = False) -> None:
         """Record one measured duration (ms) under ``description``."""
         self._times.setdefault(description, []).append(float(ms))
+        if nested:
+            self._nested.add(description)
 
-    def add_events(self, description: str, start, end) -> None:
+    def add_events(self, description: str, start, end, nested: bool = False) -> None:
         """Record a pair of CUDA events; their time is read later."""
         self._times.setdefault(description, [])
+        if nested:
+            self._nested.add(description)
         self._pending.append((description, start, end))
         if len(self._pending) > _MAX_PENDING_EVENTS:
             self._resolve(block=False)
@@ -98,6 +105,7 @@ class Profiler:
         """Forget every record."""
         self._times.clear()
         self._pending.clear()
+        self._nested.clear()
 
     # --- reading ---------------------------------------------------------
     def as_dict(self) -> dict:
@@ -107,11 +115,12 @@ class Profiler:
         -------
         dict
             ``{description: {"launches", "total_ms", "min_ms", "avg_ms",
-            "max_ms", "share"}}`` with ``share`` in [0, 1] of the sum of all
-            totals, ordered by decreasing total.
+            "max_ms", "share", "nested"}}`` with ``share`` the fraction of
+            the sum of the totals of the records that are not nested,
+            ordered by decreasing total.
         """
         self._resolve(block=True)
-        grand_total = sum(sum(t) for t in self._times.values())
+        grand_total = sum(sum(t) for d, t in self._times.items() if d not in self._nested)
         stats = {}
         for description, times in self._times.items():
             total = math.fsum(times)
@@ -122,13 +131,14 @@ class Profiler:
                 "avg_ms": total / len(times) if times else 0.0,
                 "max_ms": max(times) if times else 0.0,
                 "share": total / grand_total if grand_total > 0 else 0.0,
+                "nested": description in self._nested,
             }
         return dict(sorted(stats.items(), key=lambda kv: -kv[1]["total_ms"]))
 
     @property
     def total_ms(self) -> float:
-        """Sum of all recorded times (ms)."""
-        return sum(s["total_ms"] for s in self.as_dict().values())
+        """Sum of the recorded times that are not nested in a stage (ms)."""
+        return sum(s["total_ms"] for s in self.as_dict().values() if not s["nested"])
 
     def report(self, title: str = "kernel profile") -> str:
         """Readable table, one row per description, largest total first.
@@ -138,19 +148,23 @@ class Profiler:
         str
         """
         stats = self.as_dict()
-        width = max([len("description")] + [len(d) for d in stats])
+        width = max([len("description")] + [len(d) + 2 for d in stats])
         header = (f"{'description':<{width}}  {'launches':>8}  {'total ms':>10}  {'share':>6}  "
                   f"{'min ms':>9}  {'avg ms':>9}  {'max ms':>9}")
         lines = [title, header, "-" * len(header)]
         for description, s in stats.items():
+            label = ("  " + description) if s["nested"] else description
             lines.append(
-                f"{description:<{width}}  {s['launches']:>8d}  {s['total_ms']:>10.3f}  "
+                f"{label:<{width}}  {s['launches']:>8d}  {s['total_ms']:>10.3f}  "
                 f"{100 * s['share']:>5.1f}%  {s['min_ms']:>9.4f}  {s['avg_ms']:>9.4f}  "
                 f"{s['max_ms']:>9.4f}")
         lines.append("-" * len(header))
-        total = sum(s["total_ms"] for s in stats.values())
-        launches = sum(s["launches"] for s in stats.values())
-        lines.append(f"{'total':<{width}}  {launches:>8d}  {total:>10.3f}  {100.0 if stats else 0.0:>5.1f}%")
+        top = [s for s in stats.values() if not s["nested"]]
+        total = sum(s["total_ms"] for s in top)
+        launches = sum(s["launches"] for s in top)
+        lines.append(f"{'total':<{width}}  {launches:>8d}  {total:>10.3f}  {100.0 if top else 0.0:>5.1f}%")
+        if len(top) < len(stats):
+            lines.append("(indented rows ran inside a stage above; not in the total)")
         return "\n".join(lines)
 
     # --- enabling --------------------------------------------------------
@@ -275,7 +289,7 @@ def launch(description: str, kernel, n: int, args: tuple, block: int = DEFAULT_B
             start.record()
             kernel((grid,), (block,), args, shared_mem=shared_mem)
             end.record()
-            profiler.add_events(description, start, end)
+            profiler.add_events(description, start, end, nested=_stage_depth > 0)
         if _debug:
             import cupy
 
@@ -307,10 +321,12 @@ def stage(description: str, xp=None):
     -----
     With profiling and debug off this yields at once and records nothing.
     """
+    global _stage_depth
     profiler = _active_profiler
     if profiler is None and not _debug:
         yield
         return
+    nested = _stage_depth > 0
     use_events = _use_events(xp)
     start = end = None
     t0 = 0.0
@@ -322,7 +338,11 @@ def stage(description: str, xp=None):
             start.record()
         else:
             t0 = time.perf_counter()
-    yield
+    _stage_depth += 1
+    try:
+        yield
+    finally:
+        _stage_depth -= 1
     try:
         if _debug and use_events:
             import cupy
@@ -336,9 +356,9 @@ def stage(description: str, xp=None):
 
             end = cupy.cuda.Event()
             end.record()
-            profiler.add_events(description, start, end)
+            profiler.add_events(description, start, end, nested=nested)
         else:
-            profiler.add_time(description, 1000.0 * (time.perf_counter() - t0))
+            profiler.add_time(description, 1000.0 * (time.perf_counter() - t0), nested=nested)
 
 
 def _use_events(xp) -> bool:

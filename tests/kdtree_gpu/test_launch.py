@@ -82,6 +82,22 @@ def test_cpu_stages_fill_the_profile_table():
     assert prof.as_dict() == {}
 
 
+def test_nested_records_are_listed_but_not_totalled():
+    with L.profiling() as prof:
+        with L.stage("build level", np):
+            with L.stage("sort", np):
+                time.sleep(0.001)
+            L.launch("fill", FakeKernel(), 0, ())  # n == 0: nothing recorded
+        with L.stage("emit", np):
+            pass
+    stats = prof.as_dict()
+    assert stats["sort"]["nested"] and not stats["build level"]["nested"]
+    assert "fill" not in stats
+    assert stats["build level"]["share"] + stats["emit"]["share"] == pytest.approx(1.0)
+    assert prof.total_ms == pytest.approx(stats["build level"]["total_ms"] + stats["emit"]["total_ms"])
+    assert "\n  sort" in prof.report()
+
+
 def test_set_active_profiler_and_debug_switch():
     prof = L.Profiler()
     assert L.set_active_profiler(prof) is None
