@@ -1,0 +1,304 @@
+"""Statistics and invariants of a :class:`~kdtree_gpu.tree.KdTree`.
+
+Both functions walk the tree level by level with NumPy (one vectorised step
+per depth), so trees with millions of nodes are checked in well under a
+second per million nodes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import encoding as enc
+from .config import box_half_area
+from .geometry import degenerate_mask, triangle_bounds
+
+_AXIS_NAMES = "xyz"
+
+
+def walk_levels(tree, check=False):
+    """Visit the tree from the root down, one depth at a time.
+
+    Parameters
+    ----------
+    tree : KdTree
+    check : bool
+        Raise ``ValueError`` on a split outside its node box or on a walk that
+        does not end (a cycle reachable from the root).
+
+    Returns
+    -------
+    node_depth : (num_nodes,) int32
+        Depth of every node reached from the root (root = 0), -1 for the
+        others.
+    node_lo, node_hi : (num_nodes, 3) float32
+        Box of every reached node (the root box split by the ancestors'
+        planes); undefined for nodes that were not reached.
+    """
+    num_nodes = tree.num_nodes
+    node_depth = np.full(num_nodes, -1, dtype=np.int32)
+    node_lo = np.empty((num_nodes, 3), dtype=np.float32)
+    node_hi = np.empty((num_nodes, 3), dtype=np.float32)
+    level_nodes = np.zeros(1, dtype=np.int64)
+    node_lo[0], node_hi[0] = tree.bounds[0], tree.bounds[1]
+    depth = 0
+    while level_nodes.size:
+        if depth > num_nodes or level_nodes.size > num_nodes:
+            # each level of a tree holds new nodes only, so a longer walk or a
+            # wider level means the child links loop back
+            raise ValueError("check_tree: tree structure: the child links form a cycle")
+        node_depth[level_nodes] = depth
+        level_axis = tree.node_axis[level_nodes]
+        parents = level_nodes[level_axis != enc.AXIS_LEAF]
+        if parents.size == 0:
+            break
+        axis = tree.node_axis[parents].astype(np.int64)
+        split = tree.node_split[parents]
+        lo, hi = node_lo[parents], node_hi[parents]
+        if check:
+            rows = np.arange(parents.size)
+            inside = (lo[rows, axis] < split) & (split < hi[rows, axis])
+            if not inside.all():
+                i = int(np.flatnonzero(~inside)[0])
+                raise ValueError(
+                    f"check_tree: split inside node box: node {int(parents[i])} splits "
+                    f"{_AXIS_NAMES[axis[i]]} at {float(split[i])!r}, not strictly inside its box "
+                    f"[{float(lo[i, axis[i]])!r}, {float(hi[i, axis[i]])!r}] on that axis"
+                )
+        left = tree.node_child[parents].astype(np.int64)
+        right = left + 1
+        rows = np.arange(parents.size)
+        left_hi = hi.copy()
+        left_hi[rows, axis] = split
+        right_lo = lo.copy()
+        right_lo[rows, axis] = split
+        node_lo[left], node_hi[left] = lo, left_hi
+        node_lo[right], node_hi[right] = right_lo, hi
+        level_nodes = np.concatenate([left, right])
+        depth += 1
+    return node_depth, node_lo, node_hi
+
+
+def tree_stats(tree) -> dict:
+    """Size, shape and SAH cost of a tree.
+
+    Parameters
+    ----------
+    tree : KdTree
+        A valid tree (see :func:`check_tree`).
+
+    Returns
+    -------
+    dict
+        ``nodes``, ``interior``, ``leaves``, ``empty_leaves``: node counts.
+        ``max_depth``: deepest node (root = 0). ``mean_leaf_depth``: over all
+        leaves. ``refs``: entries of ``leaf_tris``. ``triangles``: mesh
+        triangles; ``degenerate``: those left out of the tree.
+        ``refs_per_tri``: refs / non-degenerate triangles.
+        ``max_leaf_size``; ``mean_leaf_size``: over non-empty leaves.
+        ``sah_cost``: ``sum_interior K_T SA(n)/SA(root) + sum_leaves K_I N SA(n)/SA(root)``
+        (float64, half areas from :func:`kdtree_gpu.config.box_half_area`, no
+        empty bonus). ``bytes``: memory of the tree arrays (nodes,
+        ``leaf_tris``, bounds); ``mesh_bytes``: vertices and faces.
+    """
+    node_depth, node_lo, node_hi = walk_levels(tree)
+    is_leaf = tree.leaf_mask()
+    leaf_count = tree.node_count[is_leaf].astype(np.int64)
+    num_leaves = int(is_leaf.sum())
+    nonempty = leaf_count > 0
+
+    ext = node_hi.astype(np.float64) - node_lo.astype(np.float64)
+    node_area = box_half_area(ext[:, 0], ext[:, 1], ext[:, 2])
+    root_area = node_area[0]
+    cfg = tree.config
+    interior_cost = cfg.k_traversal * node_area[~is_leaf].sum()
+    leaf_cost = cfg.k_intersect * (leaf_count * node_area[is_leaf]).sum()
+    sah_cost = float((interior_cost + leaf_cost) / root_area) if root_area > 0 else float("nan")
+
+    num_valid = tree.num_triangles - tree.num_degenerate
+    tree_arrays = (tree.node_axis, tree.node_split, tree.node_child, tree.node_count,
+                   tree.leaf_tris, tree.bounds)
+    return {
+        "nodes": tree.num_nodes,
+        "interior": tree.num_nodes - num_leaves,
+        "leaves": num_leaves,
+        "empty_leaves": int((leaf_count == 0).sum()),
+        "max_depth": int(node_depth.max()),
+        "mean_leaf_depth": float(node_depth[is_leaf].mean()),
+        "refs": tree.num_refs,
+        "refs_per_tri": tree.num_refs / num_valid if num_valid > 0 else float("nan"),
+        "max_leaf_size": int(leaf_count.max()) if num_leaves else 0,
+        "mean_leaf_size": float(leaf_count[nonempty].mean()) if nonempty.any() else 0.0,
+        "degenerate": tree.num_degenerate,
+        "triangles": tree.num_triangles,
+        "sah_cost": sah_cost,
+        "bytes": int(sum(a.nbytes for a in tree_arrays)),
+        "mesh_bytes": int(tree.vertices.nbytes + tree.faces.nbytes),
+    }
+
+
+def _fail(invariant, detail):
+    raise ValueError(f"check_tree: {invariant}: {detail}")
+
+
+def _check_arrays(tree):
+    expected = {
+        "node_axis": enc.NODE_AXIS_DTYPE, "node_split": enc.NODE_SPLIT_DTYPE,
+        "node_child": enc.NODE_CHILD_DTYPE, "node_count": enc.NODE_COUNT_DTYPE,
+        "leaf_tris": enc.LEAF_TRIS_DTYPE,
+    }
+    num_nodes = tree.node_axis.shape[0] if tree.node_axis.ndim == 1 else -1
+    for name, dtype in expected.items():
+        a = getattr(tree, name)
+        if not isinstance(a, np.ndarray) or a.dtype != dtype or a.ndim != 1:
+            _fail("array shapes and dtypes",
+                  f"{name} must be a 1-D {np.dtype(dtype)} NumPy array, got "
+                  f"{type(a).__name__} {getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}")
+        if name.startswith("node_") and a.shape[0] != num_nodes:
+            _fail("array shapes and dtypes",
+                  f"{name} has {a.shape[0]} entries, node_axis has {num_nodes}")
+    if num_nodes < 1:
+        _fail("array shapes and dtypes", "the tree has no nodes")
+    for name, shape, dtype in (("bounds", (2, 3), np.float32), ("vertices", None, np.float32),
+                               ("faces", None, np.int32)):
+        a = getattr(tree, name)
+        ok = isinstance(a, np.ndarray) and a.dtype == dtype
+        ok = ok and (a.shape == shape if shape else a.ndim == 2 and a.shape[1] == 3)
+        if not ok:
+            want = shape if shape else "(n, 3)"
+            _fail("array shapes and dtypes",
+                  f"{name} must be a {np.dtype(dtype)} array of shape {want}, got "
+                  f"{getattr(a, 'dtype', '?')} {getattr(a, 'shape', '?')}")
+    if not np.all(np.isfinite(tree.bounds)) or np.any(tree.bounds[0] > tree.bounds[1]):
+        _fail("array shapes and dtypes", f"bounds are not a finite box: {tree.bounds.tolist()}")
+    bad_axis = (tree.node_axis < 0) | (tree.node_axis > enc.AXIS_LEAF)
+    if bad_axis.any():
+        i = int(np.flatnonzero(bad_axis)[0])
+        _fail("array shapes and dtypes", f"node {i} has axis {int(tree.node_axis[i])}, not 0..3")
+
+
+def _check_structure(tree):
+    num_nodes = tree.num_nodes
+    interior = np.flatnonzero(~tree.leaf_mask())
+    left = tree.node_child[interior].astype(np.int64)
+    bad = (left < 1) | (left + 1 >= num_nodes)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        _fail("children in range",
+              f"interior node {int(interior[i])} has children {int(left[i])}, {int(left[i]) + 1} "
+              f"outside [1, {num_nodes}) (node 0 is the root)")
+    nonzero = tree.node_count[interior] != 0
+    if nonzero.any():
+        i = int(interior[np.flatnonzero(nonzero)[0]])
+        _fail("children in range", f"interior node {i} has node_count {int(tree.node_count[i])}, not 0")
+    num_parents = np.bincount(np.concatenate([left, left + 1]), minlength=num_nodes)
+    if num_parents[0] != 0:
+        _fail("node 0 is the root", "node 0 is the child of another node")
+    if (num_parents[1:] > 1).any():
+        i = int(np.flatnonzero(num_parents[1:] > 1)[0]) + 1
+        _fail("each node reached exactly once", f"node {i} is the child of {int(num_parents[i])} nodes")
+    if (num_parents[1:] == 0).any():
+        i = int(np.flatnonzero(num_parents[1:] == 0)[0]) + 1
+        _fail("each node reached exactly once", f"node {i} is no node's child (orphan)")
+    node_depth, node_lo, node_hi = walk_levels(tree, check=True)
+    if (node_depth < 0).any():
+        i = int(np.flatnonzero(node_depth < 0)[0])
+        _fail("each node reached exactly once",
+              f"node {i} is not reached from the root (the child links form a cycle)")
+    return node_lo, node_hi
+
+
+def _check_leaves(tree, node_lo, node_hi):
+    leaves = np.flatnonzero(tree.leaf_mask())
+    offset = tree.node_child[leaves].astype(np.int64)
+    count = tree.node_count[leaves].astype(np.int64)
+    bad = (offset < 0) | (count < 0) | (offset + count > tree.num_refs)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        _fail("leaf ranges inside leaf_tris",
+              f"leaf node {int(leaves[i])} has range [{int(offset[i])}, "
+              f"{int(offset[i] + count[i])}) outside leaf_tris of length {tree.num_refs}")
+    bad = (tree.leaf_tris < 0) | (tree.leaf_tris >= tree.num_triangles)
+    if bad.any():
+        i = int(np.flatnonzero(bad)[0])
+        _fail("triangle ids in range",
+              f"leaf_tris[{i}] = {int(tree.leaf_tris[i])} is not a triangle of a "
+              f"{tree.num_triangles}-triangle mesh")
+    if (tree.faces < 0).any() or (tree.faces >= tree.vertices.shape[0]).any():
+        _fail("triangle ids in range", "faces hold vertex indices out of range")
+
+    # one row per (leaf, reference): which leaf, which entry of leaf_tris
+    total = int(count.sum())
+    ref_leaf = np.repeat(leaves, count)
+    first = np.repeat(np.cumsum(count) - count, count)
+    ref_pos = np.repeat(offset, count) + (np.arange(total, dtype=np.int64) - first)
+    ref_tri = tree.leaf_tris[ref_pos]
+
+    degenerate = degenerate_mask(tree.vertices, tree.faces)
+    referenced = np.zeros(tree.num_triangles, dtype=bool)
+    referenced[ref_tri] = True
+    missing = ~degenerate & ~referenced
+    if missing.any():
+        _fail("every non-degenerate triangle is referenced",
+              f"triangle {int(np.flatnonzero(missing)[0])} is in no leaf "
+              f"({int(missing.sum())} such triangles)")
+    wrong = degenerate & referenced
+    if wrong.any():
+        _fail("no degenerate triangle is referenced",
+              f"degenerate (zero-area) triangle {int(np.flatnonzero(wrong)[0])} is in a leaf")
+    if int(degenerate.sum()) != tree.num_degenerate:
+        _fail("num_degenerate matches the mesh",
+              f"the tree says {tree.num_degenerate}, the mesh has {int(degenerate.sum())}")
+
+    tri_lo, tri_hi = triangle_bounds(tree.vertices, tree.faces)
+    if (~degenerate).any():
+        root = np.stack([tri_lo[~degenerate].min(axis=0), tri_hi[~degenerate].max(axis=0)])
+        if not np.array_equal(root, tree.bounds):
+            _fail("root box is the union of the triangle boxes",
+                  f"bounds {tree.bounds.tolist()}, triangle boxes give {root.tolist()}")
+
+    meets = np.all((tri_lo[ref_tri] <= node_hi[ref_leaf]) & (tri_hi[ref_tri] >= node_lo[ref_leaf]),
+                   axis=1)
+    if not meets.all():
+        j = int(np.flatnonzero(~meets)[0])
+        leaf, tri = int(ref_leaf[j]), int(ref_tri[j])
+        _fail("every reference meets its leaf box",
+              f"triangle {tri} (box {tri_lo[tri].tolist()} - {tri_hi[tri].tolist()}) is in leaf "
+              f"{leaf} whose box {node_lo[leaf].tolist()} - {node_hi[leaf].tolist()} it does not meet")
+
+    same_leaf = ref_leaf[1:] == ref_leaf[:-1]
+    descending = same_leaf & (ref_tri[1:] <= ref_tri[:-1])
+    if descending.any():
+        j = int(np.flatnonzero(descending)[0])
+        _fail("leaf lists ascending",
+              f"leaf node {int(ref_leaf[j])} lists triangle {int(ref_tri[j])} before "
+              f"{int(ref_tri[j + 1])}")
+
+
+def check_tree(tree) -> None:
+    """Raise ``ValueError`` naming the first violated invariant of a tree.
+
+    Checked in this order: array shapes and dtypes (and node axes 0..3);
+    interior children in range with ``node_count == 0``; node 0 is the root;
+    every other node is the child of exactly one node and is reached from the
+    root (no cycles, no orphans); every split lies strictly inside its node's
+    box on its axis, so the children partition the box (left ``[lo, split]``,
+    right ``[split, hi]``); leaf ranges lie inside ``leaf_tris`` and triangle
+    ids are in range; every non-degenerate triangle is in some leaf, no
+    degenerate one is, and ``num_degenerate`` matches; the root box is the
+    union of the non-degenerate triangles' boxes; every reference's float32
+    triangle box meets (closed intervals) its leaf's box; leaf lists are
+    strictly ascending.
+
+    Parameters
+    ----------
+    tree : KdTree
+
+    Raises
+    ------
+    ValueError
+        ``"check_tree: <invariant>: <detail>"`` for the first violation.
+    """
+    _check_arrays(tree)
+    node_lo, node_hi = _check_structure(tree)
+    _check_leaves(tree, node_lo, node_hi)

@@ -1,0 +1,179 @@
+"""Tests of kdtree_gpu.tree_check: statistics and invariants."""
+
+import copy
+
+import numpy as np
+import pytest
+
+from kdtree_gpu import encoding as enc
+from kdtree_gpu.config import SAHConfig
+from kdtree_gpu.tree import KdTree
+from kdtree_gpu.tree_check import check_tree, tree_stats
+
+L = enc.AXIS_LEAF
+
+
+def make_small_tree():
+    """Two flat triangles and a degenerate one, in a 5-node tree with an empty leaf.
+
+    node 0: split x = 1.5 -> nodes 1, 2
+    node 1: split x = 1.2 -> nodes 3, 4
+    node 2: leaf [1] (box x in [1.5, 3])
+    node 3: leaf [0] (box x in [0, 1.2])
+    node 4: leaf []  (box x in [1.2, 1.5])
+    """
+    vertices = np.array([[0, 0, 0], [1, 0, 0], [0, 1, 0],
+                         [2, 0, 0], [3, 0, 0], [3, 1, 0],
+                         [1, 1, 0], [2, 2, 0]], dtype=np.float32)
+    faces = np.array([[0, 1, 2], [3, 4, 5], [0, 6, 7]], dtype=np.int32)
+    return KdTree(
+        node_axis=np.array([0, 0, L, L, L], np.int8),
+        node_split=np.array([1.5, 1.2, 0, 0, 0], np.float32),
+        node_child=np.array([1, 3, 0, 1, 2], np.int32),
+        node_count=np.array([0, 0, 1, 1, 0], np.int32),
+        leaf_tris=np.array([1, 0], np.int32),
+        bounds=np.array([[0, 0, 0], [3, 1, 0]], np.float32),
+        vertices=vertices, faces=faces, config=SAHConfig(), num_degenerate=1,
+    )
+
+
+def test_stats_of_hand_made_tree():
+    stats = tree_stats(make_small_tree())
+    assert stats["nodes"] == 5
+    assert stats["interior"] == 2
+    assert stats["leaves"] == 3
+    assert stats["empty_leaves"] == 1
+    assert stats["max_depth"] == 2
+    assert stats["mean_leaf_depth"] == pytest.approx(5 / 3)
+    assert stats["refs"] == 2
+    assert stats["triangles"] == 3
+    assert stats["degenerate"] == 1
+    assert stats["refs_per_tri"] == pytest.approx(1.0)
+    assert stats["max_leaf_size"] == 1
+    assert stats["mean_leaf_size"] == pytest.approx(1.0)
+    # half areas (flat boxes, z extent 0): root 3, node1 1.5, node2 1.5, node3 1.2, node4 0.3
+    # (15 * (3 + 1.5) + 20 * (1.5 + 1.2)) / 3 = 40.5
+    assert stats["sah_cost"] == pytest.approx(40.5, rel=1e-6)
+    assert stats["bytes"] == 5 * (1 + 4 + 4 + 4) + 2 * 4 + 6 * 4
+    assert stats["mesh_bytes"] == 8 * 12 + 3 * 12
+
+
+def test_stats_of_single_leaf_tree():
+    tree = make_small_tree()
+    tree.node_axis = np.array([L], np.int8)
+    tree.node_split = np.zeros(1, np.float32)
+    tree.node_child = np.zeros(1, np.int32)
+    tree.node_count = np.array([2], np.int32)
+    tree.leaf_tris = np.array([0, 1], np.int32)
+    check_tree(tree)
+    stats = tree_stats(tree)
+    assert stats["nodes"] == 1 and stats["leaves"] == 1 and stats["max_depth"] == 0
+    assert stats["sah_cost"] == pytest.approx(40.0)  # K_I * 2 triangles * SA(root) / SA(root)
+
+
+def test_valid_trees_pass(rng, make_median_tree):
+    check_tree(make_small_tree())
+    V = rng.random((300, 3)).astype(np.float32)
+    F = rng.integers(0, 300, (500, 3)).astype(np.int32)
+    tree = make_median_tree(V, F)
+    check_tree(tree)
+    stats = tree_stats(tree)
+    assert stats["nodes"] == tree.num_nodes > 1
+    assert stats["leaves"] == stats["interior"] + 1
+    assert stats["refs"] >= 500 - stats["degenerate"]
+
+
+def broken(change):
+    tree = copy.deepcopy(make_small_tree())
+    change(tree)
+    return tree
+
+
+def set_item(name, index, value):
+    def change(tree):
+        getattr(tree, name)[index] = value
+    return change
+
+
+def set_attr(name, value):
+    def change(tree):
+        setattr(tree, name, value)
+    return change
+
+
+def extend_with_cycle(tree):
+    # nodes 5 and 6: node 5 is its own left child, so every node has exactly
+    # one parent but 5 and 6 are not reached from the root
+    tree.node_axis = np.append(tree.node_axis, np.int8([0, L]))
+    tree.node_split = np.append(tree.node_split, np.float32([0.5, 0]))
+    tree.node_child = np.append(tree.node_child, np.int32([5, 0]))
+    tree.node_count = np.append(tree.node_count, np.int32([0, 0]))
+
+
+def extend_with_orphan(tree):
+    tree.node_axis = np.append(tree.node_axis, np.int8([L]))
+    tree.node_split = np.append(tree.node_split, np.float32([0]))
+    tree.node_child = np.append(tree.node_child, np.int32([0]))
+    tree.node_count = np.append(tree.node_count, np.int32([0]))
+
+
+def reference_degenerate(tree):
+    tree.leaf_tris = np.array([1, 0, 2], np.int32)
+    tree.node_child[4], tree.node_count[4] = 2, 1
+
+
+def reference_far_triangle(tree):
+    tree.leaf_tris = np.array([1, 0, 1], np.int32)
+    tree.node_count[3] = 2
+
+
+def unsorted_root_leaf(tree):
+    tree.node_axis = np.array([L], np.int8)
+    tree.node_split = np.zeros(1, np.float32)
+    tree.node_child = np.zeros(1, np.int32)
+    tree.node_count = np.array([2], np.int32)
+    tree.leaf_tris = np.array([1, 0], np.int32)
+
+
+@pytest.mark.parametrize("change, message", [
+    (set_attr("node_axis", np.array([0, 0, L, L, L], np.int32)), "array shapes and dtypes"),
+    (set_attr("node_count", np.zeros(4, np.int32)), "array shapes and dtypes"),
+    (set_attr("bounds", np.zeros((3, 2), np.float32)), "array shapes and dtypes"),
+    (set_item("node_axis", 2, 5), "array shapes and dtypes"),
+    (set_item("node_child", 0, 4), "children in range"),
+    (set_item("node_child", 1, 0), "children in range"),
+    (set_item("node_count", 1, 3), "children in range"),
+    (set_item("node_child", 1, 1), "each node reached exactly once"),
+    (extend_with_orphan, "orphan"),
+    (extend_with_cycle, "not reached from the root"),
+    (set_item("node_split", 1, 1.5), "split inside node box"),
+    (set_item("node_split", 1, 0.0), "split inside node box"),
+    (set_item("node_split", 0, np.nan), "split inside node box"),
+    (set_item("node_axis", 1, 2), "split inside node box"),  # the box is flat in z
+    (set_item("node_child", 2, 5), "leaf ranges inside leaf_tris"),
+    (set_item("node_count", 2, -1), "leaf ranges inside leaf_tris"),
+    (set_item("leaf_tris", 0, 7), "triangle ids in range"),
+    (set_item("node_count", 3, 0), "every non-degenerate triangle is referenced"),
+    (reference_degenerate, "no degenerate triangle is referenced"),
+    (set_attr("num_degenerate", 0), "num_degenerate matches the mesh"),
+    (set_attr("bounds", np.array([[0, 0, 0], [4, 1, 0]], np.float32)),
+     "root box is the union of the triangle boxes"),
+    (reference_far_triangle, "every reference meets its leaf box"),
+    (unsorted_root_leaf, "leaf lists ascending"),
+])
+def test_check_tree_names_broken_invariant(change, message):
+    tree = broken(change)
+    with pytest.raises(ValueError, match=message):
+        check_tree(tree)
+
+
+def test_check_tree_on_large_tree(rng, make_median_tree):
+    # a tree with about 2**13 leaves over random small triangles: the
+    # vectorised walk must handle it
+    n = 1 << 13
+    centre = rng.random((n, 3)).astype(np.float32)
+    V = np.repeat(centre, 3, axis=0) + rng.random((3 * n, 3)).astype(np.float32) * 1e-3
+    F = np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+    tree = make_median_tree(V, F, leaf_size=1, max_depth=30)
+    check_tree(tree)
+    assert tree_stats(tree)["leaves"] == (tree.num_nodes + 1) // 2
