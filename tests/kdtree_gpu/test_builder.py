@@ -45,7 +45,9 @@ def soup(rng, n, scale=0.15):
 def grid_soup(rng, n):
     """Triangles with integer coordinates: many equal event positions and planar triangles."""
     V = (rng.integers(0, 8, (n, 1, 3)) + rng.integers(0, 2, (n, 3, 3))).reshape(-1, 3)
-    return V.astype(np.float32), np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+    # One triangle that is surely not degenerate, so no scene is all zero-area.
+    V = np.concatenate([V, [[0, 0, 0], [1, 0, 0], [0, 1, 1]]])
+    return V.astype(np.float32), np.arange(3 * n + 3, dtype=np.int32).reshape(n + 1, 3)
 
 
 def quads(rng, n, duplicate=False):
@@ -84,7 +86,7 @@ def random_scene(seed):
         return quads(rng, int(rng.integers(1, 14)))
     if kind == 3:
         return quads(rng, int(rng.integers(1, 14)), duplicate=True)
-    return with_degenerate(*grid_soup(rng, int(rng.integers(2, 30))))
+    return with_degenerate(*soup(rng, int(rng.integers(2, 30))))
 
 
 CONFIGS = [
