@@ -1,0 +1,408 @@
+"""GPU ray queries (kdtree_gpu.raycast_gpu): kd-tree traversal against brute force and the CPU.
+
+GPU tests: ``python -m pytest tests/kdtree_gpu/test_raycast_gpu.py -m gpu -q``.
+They compare the GPU traversal with the GPU brute force (all triangles, the
+same watertight test) and with the CPU traversal, on procedural scenes built
+to be hard (grids of quads whose shared edges and vertices the rays pass
+through, a closed sphere shot from inside, random soups) and on the real
+meshes when the mesh folder exists.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import numpy as np
+import pytest
+
+from kdtree_gpu import kernels
+from kdtree_gpu import raycast_gpu as rg
+from kdtree_gpu.backend import gpu_available
+
+gpu = pytest.mark.gpu
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
+
+RTOL = 1e-5
+
+
+# --- scenes ----------------------------------------------------------------------
+def make_quad_grid(n, z=0.0):
+    """(n+1)^2 vertices on [0, 1]^2 at height z, two triangles per cell.
+
+    Returns
+    -------
+    vertices : ((n+1)^2, 3) float32
+    faces : (2 n^2, 3) int32
+    """
+    xs = np.linspace(0.0, 1.0, n + 1, dtype=np.float32)
+    gx, gy = np.meshgrid(xs, xs, indexing="ij")
+    vertices = np.stack([gx.ravel(), gy.ravel(), np.full(gx.size, z, np.float32)], 1)
+    i, j = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    a = (i * (n + 1) + j).ravel()
+    b, c, d = a + (n + 1), a + (n + 2), a + 1
+    faces = np.concatenate([np.stack([a, b, c], 1), np.stack([a, c, d], 1)]).astype(np.int32)
+    return vertices.astype(np.float32), faces
+
+
+def make_icosphere(subdivisions=3):
+    """A closed unit sphere (trimesh's icosphere)."""
+    import trimesh
+
+    mesh = trimesh.creation.icosphere(subdivisions=subdivisions)
+    return mesh.vertices.astype(np.float32), mesh.faces.astype(np.int32)
+
+
+def make_soup(num_tris, rng):
+    """Random triangles in the unit cube, some of them tiny, some long and thin."""
+    corner = rng.random((num_tris, 1, 3))
+    size = np.where(rng.random((num_tris, 1, 1)) < 0.2, 1e-3, 0.3)
+    vertices = (corner + size * (rng.random((num_tris, 3, 3)) - 0.5)).reshape(-1, 3)
+    return vertices.astype(np.float32), np.arange(3 * num_tris, dtype=np.int32).reshape(-1, 3)
+
+
+def random_rays(vertices, num_rays, rng):
+    """Origins in and around the mesh box, random directions, some axis-aligned or with zeros."""
+    lo, hi = vertices.min(0), vertices.max(0)
+    size = np.maximum(hi - lo, 1e-3)
+    origins = lo - 0.5 * size + 2.0 * size * rng.random((num_rays, 3))
+    directions = rng.normal(size=(num_rays, 3))
+    k = num_rays // 8
+    directions[:k] = np.eye(3)[rng.integers(0, 3, k)] * rng.choice([-1.0, 1.0], (k, 1))
+    directions[k:2 * k, rng.integers(0, 3)] = 0.0
+    directions[2 * k:3 * k] = np.where(rng.random((k, 3)) < 0.5, -0.0, directions[2 * k:3 * k])
+    directions[np.abs(directions).max(1) == 0] = (1.0, 1.0, 1.0)
+    return origins.astype(np.float32), directions.astype(np.float32)
+
+
+def rays_through_points(points, rng, distance=1.0):
+    """Rays from random directions that pass exactly through ``points`` (t = 1)."""
+    offset = rng.normal(size=points.shape)
+    offset /= np.linalg.norm(offset, axis=1, keepdims=True)
+    origins = (points + distance * offset).astype(np.float32)
+    return origins, (points - origins).astype(np.float32)
+
+
+def grid_edge_points(n, num, rng):
+    """Points on the vertices and edges of :func:`make_quad_grid` (on z = 0)."""
+    cells = rng.integers(0, n + 1, (num, 2)).astype(np.float32) / n
+    along = rng.random(num).astype(np.float32)
+    pick = rng.integers(0, 4, num)
+    x = np.where(pick == 1, along, cells[:, 0])  # horizontal edges
+    y = np.where(pick == 2, along, cells[:, 1])  # vertical edges
+    diag = pick == 3  # diagonals of the cells: x - cx == y - cy
+    x = np.where(diag, np.minimum(cells[:, 0] + along / n, 1.0), x)
+    y = np.where(diag, np.minimum(cells[:, 1] + along / n, 1.0), y)
+    return np.stack([x, y, np.zeros(num, np.float32)], 1).astype(np.float32)
+
+
+# --- comparison ------------------------------------------------------------------
+def assert_same_closest(t_a, tri_a, t_b, tri_b, what, vertices=None, faces=None, origins=None,
+                        directions=None):
+    """Same hit/miss, same triangle or an equally close one (ties within RTOL)."""
+    t_a, tri_a, t_b, tri_b = (np.asarray(x) for x in (t_a, tri_a, t_b, tri_b))
+    assert np.array_equal(tri_a >= 0, tri_b >= 0), (
+        f"{what}: hit/miss differ on {int(np.sum((tri_a >= 0) != (tri_b >= 0)))} rays, first "
+        f"{np.flatnonzero((tri_a >= 0) != (tri_b >= 0))[:5].tolist()}")
+    assert np.all(np.isinf(t_a[tri_a < 0])) and np.all(np.isinf(t_b[tri_b < 0]))
+    hit = tri_a >= 0
+    close = np.abs(t_a[hit].astype(np.float64) - t_b[hit]) <= RTOL * np.abs(t_b[hit].astype(np.float64))
+    bad = np.flatnonzero(hit)[~close]
+    assert bad.size == 0, (f"{what}: t differs beyond {RTOL} on {bad.size} rays, first "
+                           f"{bad[:5].tolist()}: {t_a[bad[:5]].tolist()} vs {t_b[bad[:5]].tolist()}")
+    frac_same = np.mean(tri_a[hit] == tri_b[hit]) if hit.any() else 1.0
+    assert frac_same > 0.99, f"{what}: only {frac_same:.4f} of the hits name the same triangle"
+
+
+def assert_barycentrics(vertices, faces, origins, directions, t, tri, u, v):
+    """The point at t on the ray equals (1-u-v) v0 + u v1 + v v2, and u, v, 1-u-v >= 0."""
+    hit = tri >= 0
+    tri_h = faces[tri[hit]]
+    p_ray = origins[hit].astype(np.float64) + t[hit, None].astype(np.float64) * directions[hit]
+    w1, w2 = u[hit].astype(np.float64), v[hit].astype(np.float64)
+    p_bary = ((1 - w1 - w2)[:, None] * vertices[tri_h[:, 0]] + w1[:, None] * vertices[tri_h[:, 1]]
+              + w2[:, None] * vertices[tri_h[:, 2]])
+    scale = np.abs(vertices).max() + np.abs(origins).max()
+    assert np.all(np.abs(p_ray - p_bary) <= 1e-4 * scale)
+    assert np.all(w1 >= -1e-6) and np.all(w2 >= -1e-6) and np.all(w1 + w2 <= 1 + 1e-6)
+
+
+def gpu_rays(origins, directions, tmin=0.0, tmax=np.inf):
+    import cupy
+
+    n = origins.shape[0]
+    return (cupy.asarray(origins, dtype=cupy.float32), cupy.asarray(directions, dtype=cupy.float32),
+            cupy.asarray(np.broadcast_to(np.float32(tmin), (n,)), dtype=cupy.float32),
+            cupy.asarray(np.broadcast_to(np.float32(tmax), (n,)), dtype=cupy.float32))
+
+
+def check_against_brute(tree, origins, directions, tmin=0.0, tmax=np.inf, what=""):
+    """Traversal vs brute force, closest and any hit; returns the closest-hit arrays (host)."""
+    rays = gpu_rays(origins, directions, tmin, tmax)
+    t, tri, u, v = (x.get() for x in rg.intersect_gpu(tree, *rays))
+    bt, btri, bu, bv = (x.get() for x in rg.brute_intersect_gpu(tree.vertices, tree.faces, *rays))
+    assert_same_closest(t, tri, bt, btri, f"{what} traversal vs brute force")
+    same = tri == btri
+    assert np.array_equal(t[same], bt[same]), f"{what}: same triangle, different t"
+    assert np.array_equal(u[same], bu[same]) and np.array_equal(v[same], bv[same])
+    hit = rg.occluded_gpu(tree, *rays).get()
+    assert np.array_equal(hit, tri >= 0), f"{what}: any hit disagrees with closest hit"
+    assert np.array_equal(rg.brute_occluded_gpu(tree.vertices, tree.faces, *rays).get(), hit)
+    assert_barycentrics(tree.vertices, tree.faces, origins, directions, t, tri, u, v)
+    return t, tri, u, v
+
+
+# --- CPU-runnable ------------------------------------------------------------------
+def test_pack_triangles_keeps_order_vertices_and_ids():
+    vertices = np.arange(15, dtype=np.float32).reshape(5, 3)
+    faces = np.array([[0, 1, 2], [2, 3, 4], [4, 0, 1]], np.int32)
+    packed = rg.pack_triangles(vertices, faces, np.array([2, 0, 2], np.int32))
+    assert packed.shape == (9, 4) and packed.dtype == np.float32
+    assert np.array_equal(packed[:, :3], vertices[faces[[2, 0, 2]].ravel()])
+    assert packed[[0, 3, 6], 3].view(np.int32).tolist() == [2, 0, 2]
+    assert np.all(packed[[1, 2, 4, 5, 7, 8], 3] == 0)
+
+
+def test_traversal_stack_covers_the_depth_cap():
+    from kdtree_gpu.config import MAX_DEPTH_CAP
+
+    assert rg.MAX_STACK >= MAX_DEPTH_CAP
+
+
+@pytest.mark.skipif(kernels.find_nvcc() is None, reason="nvcc not installed")
+@pytest.mark.parametrize("source", ["traverse.cu", "brute.cu"])
+def test_sources_compile_without_warnings(source, tmp_path):
+    header = kernels.write_defines_header(tmp_path / "kd_defines.h")
+    cmd = [kernels.find_nvcc(), "-arch=sm_90", "--std=c++17", "-include", str(header),
+           f"-I{kernels.CUDA_DIR}", "-Xptxas", "-v,-warn-spills", "-c",
+           str(kernels.CUDA_DIR / source), "-o", str(tmp_path / "out.o")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output
+    assert "warning" not in output.lower(), output
+    # every kernel keeps its state in registers (the traversal stack aside)
+    spill_lines = [line for line in output.splitlines() if "spill stores" in line]
+    assert spill_lines and all("0 bytes spill stores, 0 bytes spill loads" in line
+                               for line in spill_lines), output
+
+
+# --- GPU ---------------------------------------------------------------------------
+@gpu
+@needs_gpu
+def test_grid_rays_through_shared_edges_and_vertices_always_hit(make_tree, rng):
+    n = 16
+    vertices, faces = make_quad_grid(n)
+    tree = make_tree(vertices, faces)
+    points = grid_edge_points(n, 20000, rng)
+    origins, directions = rays_through_points(points, rng)
+    t, tri, _, _ = check_against_brute(tree, origins, directions, what="grid edges")
+    assert np.all(tri >= 0), f"{int(np.sum(tri < 0))} rays slipped through the grid"
+    assert np.allclose(t, 1.0, rtol=1e-5)
+
+
+@gpu
+@needs_gpu
+def test_rays_lying_in_the_grid_plane_and_on_split_planes(make_tree, rng):
+    n = 8
+    vertices, faces = make_quad_grid(n)
+    tree = make_tree(vertices, faces)
+    # rays inside the plane z = 0, along the grid lines (and so along split planes)
+    lines = rng.integers(0, n + 1, 500).astype(np.float32) / n
+    origins = np.stack([np.full(500, -0.5), lines, np.zeros(500)], 1).astype(np.float32)
+    directions = np.tile(np.array([[1.0, 0.0, 0.0]], np.float32), (500, 1))
+    origins[250:] = origins[250:, [1, 0, 2]]
+    directions[250:] = directions[250:, [1, 0, 2]]
+    check_against_brute(tree, origins, directions, what="in-plane")
+
+
+@gpu
+@needs_gpu
+def test_rays_from_inside_a_closed_sphere_never_escape(make_tree, rng):
+    vertices, faces = make_icosphere(4)
+    tree = make_tree(vertices, faces)
+    num = 50000
+    origins = (rng.random((num, 3)) * 0.8 - 0.4).astype(np.float32)
+    origins[:1000] = 0.0
+    directions = rng.normal(size=(num, 3)).astype(np.float32)
+    directions[:3000] = vertices[rng.integers(0, len(vertices), 3000)]  # aimed at vertices
+    origins[:3000] = 0.0
+    t, tri, _, _ = check_against_brute(tree, origins, directions, what="inside sphere")
+    assert np.all(tri >= 0), f"{int(np.sum(tri < 0))} rays escaped the closed sphere"
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("scene", ["grid", "icosphere", "soup"])
+def test_random_rays_match_brute_force_and_cpu(scene, make_tree, rng):
+    if scene == "grid":
+        vertices, faces = make_quad_grid(24)
+    elif scene == "icosphere":
+        vertices, faces = make_icosphere(3)
+    else:
+        vertices, faces = make_soup(2000, rng)
+    tree = make_tree(vertices, faces)
+    origins, directions = random_rays(vertices, 20000, rng)
+    t, tri, u, v = check_against_brute(tree, origins, directions, what=scene)
+    assert 0.05 < np.mean(tri >= 0) < 1.0  # the rays are a real test: some hit, some miss
+    ct, ctri, cu, cv = tree.intersect(origins, directions, device="cpu")
+    assert_same_closest(t, tri, ct, ctri, f"{scene}: GPU vs CPU traversal")
+    hit_cpu = tree.occluded(origins, directions, device="cpu")
+    assert np.array_equal(np.asarray(hit_cpu), tri >= 0)
+
+
+@gpu
+@needs_gpu
+def test_tmin_tmax_intervals(make_tree, rng):
+    vertices, faces = make_icosphere(3)
+    tree = make_tree(vertices, faces)
+    num = 20000
+    origins, directions = random_rays(vertices, num, rng)
+    tmin = (rng.random(num) * 2.0).astype(np.float32)
+    tmax = (tmin + rng.random(num) * 3.0).astype(np.float32)
+    tmax[::5] = np.inf
+    tmin[::7] = 0.0
+    tmax[::11] = tmin[::11]  # an empty-length interval: only t == tmin counts
+    tmax[::13] = tmin[::13] - 1.0  # an inverted interval: never a hit
+    t, tri, _, _ = check_against_brute(tree, origins, directions, tmin, tmax, what="tmin/tmax")
+    hit = tri >= 0
+    assert np.all(t[hit] >= tmin[hit]) and np.all(t[hit] <= tmax[hit])
+    assert not np.any(hit[::13])
+    # a hit inside the interval is also the closest from tmin on: cutting the
+    # interval at the found t keeps the same answer
+    rays = gpu_rays(origins[hit], directions[hit])
+    import cupy
+
+    rays = (rays[0], rays[1], cupy.asarray(tmin[hit]), cupy.asarray(t[hit]))
+    t2, tri2, _, _ = (x.get() for x in rg.intersect_gpu(tree, *rays))
+    assert np.array_equal(t2, t[hit]) and np.array_equal(tri2, tri[hit])
+
+
+@gpu
+@needs_gpu
+def test_rays_pointing_away_miss(make_tree, rng):
+    vertices, faces = make_icosphere(2)
+    tree = make_tree(vertices, faces)
+    directions = rng.normal(size=(5000, 3)).astype(np.float32)
+    origins = (3.0 * directions / np.linalg.norm(directions, axis=1, keepdims=True)).astype(np.float32)
+    t, tri, u, v = (x.get() for x in rg.intersect_gpu(tree, *gpu_rays(origins, directions)))
+    assert np.all(tri == -1) and np.all(np.isinf(t)) and np.all(u == 0) and np.all(v == 0)
+    assert not rg.occluded_gpu(tree, *gpu_rays(origins, directions)).get().any()
+
+
+@gpu
+@needs_gpu
+def test_every_output_is_written(make_tree, rng, monkeypatch):
+    """Outputs filled with a sentinel before the launch: a skipped ray would keep it."""
+    import cupy
+
+    vertices, faces = make_soup(500, rng)
+    tree = make_tree(vertices, faces)
+    num = 100003  # not a multiple of the block size
+    origins, directions = random_rays(vertices, num, rng)
+    rays = gpu_rays(origins, directions)
+    real_empty = cupy.empty
+
+    def poisoned_empty(shape, dtype=float, order="C"):
+        out = real_empty(shape, dtype=dtype, order=order)
+        out.view(cupy.uint8).fill(0xA5)  # NaN floats, huge ints, bools that are neither 0 nor 1
+        return out
+
+    monkeypatch.setattr(cupy, "empty", poisoned_empty)
+    t, tri, u, v = (x.get() for x in rg.intersect_gpu(tree, *rays))
+    hit = rg.occluded_gpu(tree, *rays)
+    counted = [x.get() for x in rg.intersect_counted_gpu(tree, *rays)]
+    bt, btri, _, _ = (x.get() for x in rg.brute_intersect_gpu(vertices, faces, *rays))
+    bhit = rg.brute_occluded_gpu(vertices, faces, *rays)
+    monkeypatch.undo()
+    assert not np.isnan(t).any() and not np.isnan(u).any() and not np.isnan(v).any()
+    assert np.all((tri >= -1) & (tri < len(faces))) and np.all((btri >= -1) & (btri < len(faces)))
+    assert not np.isnan(bt).any()
+    assert np.all(hit.view(cupy.uint8).get() <= 1) and np.all(bhit.view(cupy.uint8).get() <= 1)
+    assert np.array_equal(counted[0], t) and np.array_equal(counted[1], tri)
+    ray_nodes, ray_tests = counted[4], counted[5]
+    assert np.all(ray_nodes >= 0) and np.all(ray_nodes <= tree.num_nodes)
+    assert np.all(ray_tests >= 0) and np.all(ray_tests <= tree.num_refs)
+
+
+@gpu
+@needs_gpu
+def test_counts_of_the_counted_kernels(make_tree, rng):
+    vertices, faces = make_quad_grid(32)
+    tree = make_tree(vertices, faces)
+    # rays straight down through cell centres hit after few nodes and tests
+    centres = (rng.integers(0, 32, (2000, 2)) + 0.5) / 32
+    points = np.concatenate([centres, np.zeros((2000, 1))], 1).astype(np.float32)
+    origins = points + np.float32([0, 0, 1])
+    directions = np.tile(np.float32([[0, 0, -1]]), (2000, 1))
+    rays = gpu_rays(origins, directions)
+    t, tri, _, _, ray_nodes, ray_tests = (x.get() for x in rg.intersect_counted_gpu(tree, *rays))
+    assert np.all(tri >= 0)
+    assert np.all(ray_nodes >= 2) and np.all(ray_tests >= 1)
+    assert ray_tests.mean() < 0.05 * len(faces)
+    hit, any_nodes, any_tests = (x.get() for x in rg.occluded_counted_gpu(tree, *rays))
+    assert np.all(hit) and np.all(any_tests <= ray_tests)
+
+
+@gpu
+@needs_gpu
+def test_tree_is_uploaded_once_per_device(make_tree, rng):
+    vertices, faces = make_icosphere(1)
+    tree = make_tree(vertices, faces)
+    first = rg.upload_tree(tree)
+    assert rg.upload_tree(tree) is first
+    assert first.nodes.shape == (tree.num_nodes, 2) and first.tris.shape == (3 * tree.num_refs, 4)
+    assert first.depth == tree.stats()["max_depth"]
+
+
+@gpu
+@needs_gpu
+def test_bad_ray_arrays_are_rejected(make_tree):
+    import cupy
+
+    vertices, faces = make_icosphere(1)
+    tree = make_tree(vertices, faces)
+    o, d, tmin, tmax = gpu_rays(np.zeros((4, 3), np.float32), np.ones((4, 3), np.float32))
+    with pytest.raises(ValueError, match="origins"):
+        rg.intersect_gpu(tree, o.astype(cupy.float64), d, tmin, tmax)
+    with pytest.raises(ValueError, match="directions"):
+        rg.intersect_gpu(tree, o, d[:3], tmin, tmax)
+    with pytest.raises(ValueError, match="tmax"):
+        rg.occluded_gpu(tree, o, d, tmin, tmax[:2])
+
+
+@gpu
+@needs_gpu
+def test_torch_and_cupy_inputs_give_the_same_hits(make_tree, rng):
+    import cupy
+
+    vertices, faces = make_icosphere(3)
+    tree = make_tree(vertices, faces)
+    origins, directions = random_rays(vertices, 5000, rng)
+    t, tri, u, v = tree.intersect(cupy.asarray(origins), cupy.asarray(directions))
+    assert isinstance(t, cupy.ndarray) and isinstance(tri, cupy.ndarray)
+    ref = rg.intersect_gpu(tree, *gpu_rays(origins, directions))
+    for a, b in zip((t, tri, u, v), ref):
+        assert np.array_equal(a.get(), b.get())
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch without CUDA")
+    tt, ttri, tu, tv = tree.intersect(torch.as_tensor(origins, device="cuda"),
+                                      torch.as_tensor(directions, device="cuda"))
+    assert tt.is_cuda
+    for a, b in zip((tt, ttri, tu, tv), ref):
+        assert np.array_equal(a.cpu().numpy(), b.get())
+
+
+@gpu
+@needs_gpu
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["spot.ply", "stanford_bunny.ply", "sponza_dabrovic.ply",
+                                  "happy_buddha_100k.ply"])
+def test_real_meshes_match_brute_force(name, make_tree, rng):
+    from conftest import require_mesh
+
+    from kdtree_gpu.mesh import load_mesh
+
+    vertices, faces = load_mesh(require_mesh(name))
+    tree = make_tree(vertices, faces)
+    origins, directions = random_rays(vertices, 20000, rng)
+    check_against_brute(tree, origins, directions, what=name)
