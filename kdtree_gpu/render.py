@@ -84,8 +84,9 @@ DEFAULT_RR_START_DEPTH = 2
 # Without Russian roulette or a depth limit a path could bounce forever in a
 # closed white room; this bounds the loop whatever the settings.
 DEPTH_HARD_LIMIT = 100_000
-# Ray origins are pushed off the surface by this fraction of the scene's diagonal.
-DEFAULT_RAY_EPSILON = 1e-4
+# Ray origins are pushed off the surface by this fraction of the hit point's
+# largest coordinate (about 130 float32 ulps), see offset_origin.
+DEFAULT_RAY_EPSILON = 2e-5
 # Shadow rays stop this fraction short of the light point.
 SHADOW_TMAX_SCALE = 1.0 - 1e-4
 INV_PI = 1.0 / math.pi
@@ -249,6 +250,11 @@ class DeviceScene:
         See :meth:`Camera.frame`.
     background : tuple of 3 float
     ray_epsilon : float
+        Secondary ray origins move off the surface along the normal by
+        ``ray_epsilon * max(max |coordinate of the point|, min_scale)``.
+    min_scale : float
+        One hundredth of the scene diagonal: the floor of that scale near the
+        coordinate origin.
     """
 
     tri_vertex: object
@@ -263,6 +269,7 @@ class DeviceScene:
     camera_frame: object
     background: tuple
     ray_epsilon: float
+    min_scale: float
 
     @property
     def num_lights(self) -> int:
@@ -294,7 +301,8 @@ def upload_scene(xp, scene: RenderScene, width: int, height: int,
         tri_light_pmf=xp.asarray(tri_light_pmf),
         camera_frame=xp.asarray(scene.camera.frame(width, height)),
         background=tuple(float(x) for x in scene.background),
-        ray_epsilon=float(ray_epsilon) * max(diagonal, 1e-30),
+        ray_epsilon=float(ray_epsilon),
+        min_scale=max(1e-2 * diagonal, 1e-30),
     )
 
 
@@ -311,6 +319,7 @@ class KdTreeTracer:
     def __init__(self, tree, device: str):
         self.tree = tree
         self.device = device
+        self.records_own_launches = device == "cuda"
 
     def intersect(self, origin, direction, tmin, tmax) -> HitQueue:
         if self.device == "cuda":
@@ -475,6 +484,14 @@ def _stage(ctx: RenderContext, description: str):
         yield
 
 
+def _tracer_stage(ctx: RenderContext, description: str):
+    # the GPU traversal names and times its own launches ("trace closest hit",
+    # "trace any hit"); a stage around it would count that time twice
+    if getattr(ctx.tracer, "records_own_launches", False):
+        return contextlib.nullcontext()
+    return _stage(ctx, description)
+
+
 def _f32(x) -> np.float32:
     return np.float32(x)
 
@@ -513,6 +530,20 @@ def _surface(ctx: RenderContext, tri, u, v, direction):
     normal = ctx.scene.tri_normal[tri, :3]
     facing = xp.where(xp.sum(normal * direction, axis=1) < 0, np.float32(1), np.float32(-1))
     return point.astype(np.float32), (normal * facing[:, None]).astype(np.float32)
+
+
+def offset_origin(ctx: RenderContext, point, normal):
+    """Origin of a ray leaving ``point``: pushed along ``normal`` by a scale-relative epsilon.
+
+    The offset grows with the magnitude of the coordinates (the rounding error
+    of a float32 hit point does), with a floor of ``min_scale`` near the
+    origin; a fixed fraction of the scene size would bias small details of
+    large scenes.
+    """
+    xp = ctx.xp
+    sc = ctx.scene
+    scale = xp.maximum(xp.max(xp.abs(point), axis=1), _f32(sc.min_scale))
+    return (point + (_f32(sc.ray_epsilon) * scale)[:, None] * normal).astype(np.float32)
 
 
 def _normalize_rows(xp, a):
@@ -582,8 +613,8 @@ def intersect_closest(ctx: RenderContext, queue: PathQueue) -> HitQueue:
     HitQueue
     """
     xp = ctx.xp
-    with _stage(ctx, "render: intersect closest"):
-        tmin = xp.zeros(queue.size, dtype=np.float32)
+    tmin = xp.zeros(queue.size, dtype=np.float32)
+    with _tracer_stage(ctx, "render: intersect closest"):
         return ctx.tracer.intersect(queue.ray_origin, queue.ray_direction, tmin, queue.ray_tmax)
 
 
@@ -700,7 +731,8 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     shadow = ShadowQueue.allocate(xp, queue.size)
     if ctx.use_kernels:
         _launch(ctx, "render: expand light samples", "kd_render_expand_light_samples", queue.size, (
-            _i32(queue.size), _f32(sc.ray_epsilon), hit.hit_tri, hit.hit_u, hit.hit_v,
+            _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale), hit.hit_tri, hit.hit_u,
+            hit.hit_v,
             queue.ray_direction, queue.path_throughput, queue.path_pixel, samples.light_tri,
             samples.light_u, samples.light_v, sc.tri_vertex, sc.tri_normal, sc.tri_material,
             sc.material_albedo, sc.material_emission, sc.tri_light_pmf, shadow.shadow_origin,
@@ -712,7 +744,7 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
         rows = xp.flatnonzero(samples.light_tri >= 0)
         tri = hit.hit_tri[rows]
         point, normal = _surface(ctx, tri, hit.hit_u[rows], hit.hit_v[rows], queue.ray_direction[rows])
-        origin = point + _f32(sc.ray_epsilon) * normal
+        origin = offset_origin(ctx, point, normal)
         light = samples.light_tri[rows]
         corners = sc.tri_vertex[light]
         lv0 = corners[:, 0, :3]
@@ -760,8 +792,8 @@ def trace_shadow_rays(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     num_rays = shadow.size
     if num_rays == 0:
         return 0
-    with _stage(ctx, "render: trace shadow rays"):
-        tmin = xp.zeros(num_rays, dtype=np.float32)
+    tmin = xp.zeros(num_rays, dtype=np.float32)
+    with _tracer_stage(ctx, "render: trace shadow rays"):
         occluded = ctx.tracer.occluded(shadow.shadow_origin, shadow.shadow_direction, tmin,
                                        shadow.shadow_tmax)
     if ctx.use_kernels:
@@ -786,7 +818,8 @@ def sample_bsdf(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int)
     sc = ctx.scene
     if ctx.use_kernels:
         _launch(ctx, "render: sample bsdf", "kd_render_sample_bsdf", queue.size, (
-            _i32(queue.size), _f32(sc.ray_epsilon), stream_salt(depth, DIM_BSDF_PHI),
+            _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale),
+            stream_salt(depth, DIM_BSDF_PHI),
             stream_salt(depth, DIM_BSDF_R), hit.hit_tri, hit.hit_u, hit.hit_v, sc.tri_vertex,
             sc.tri_normal, sc.tri_material, sc.material_albedo, queue.path_key, queue.ray_origin,
             queue.ray_direction, queue.ray_tmax, queue.path_throughput, queue.path_bsdf_pdf,
@@ -808,7 +841,7 @@ def sample_bsdf(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int)
         tangent, bitangent = orthonormal_basis(xp, normal)
         direction = (local_x[:, None] * tangent + local_y[:, None] * bitangent
                      + local_z[:, None] * normal)
-        queue.ray_origin[live] = point + _f32(sc.ray_epsilon) * normal
+        queue.ray_origin[live] = offset_origin(ctx, point, normal)
         queue.ray_direction[live] = _normalize_rows(xp, direction)
         queue.path_throughput[live] *= albedo
         queue.path_bsdf_pdf[live] = local_z * _f32(INV_PI)
@@ -1002,7 +1035,8 @@ def render(scene_or_mesh, width: int = 512, height: int = 512, spp: int = 64,
         On the GPU, run the stages as the CUDA kernels of ``render.cu``
         (default) or as their array-expression twins on CuPy (for testing).
     ray_epsilon : float
-        Offset of secondary ray origins, as a fraction of the scene diagonal.
+        Offset of secondary ray origins off the surface, relative to the
+        largest coordinate of the hit point (see :func:`offset_origin`).
     profiler : kdtree_gpu.launch.Profiler, optional
         Records every launch and stage (default: the active profiler, or a
         new one); ``stats["stages"]`` holds this render's share of it.

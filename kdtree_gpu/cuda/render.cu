@@ -72,6 +72,15 @@ __device__ __forceinline__ void kd_surface(const float4* __restrict__ tri_vertex
     *normal = kd_dot(n, direction) < 0.0f ? n : kd_scale(n, -1.0f);
 }
 
+// Origin of a ray leaving `point`: pushed along `normal` by ray_epsilon times
+// the point's largest coordinate magnitude (at least min_scale).
+__device__ __forceinline__ float3 kd_offset_origin(float3 point, float3 normal, float ray_epsilon,
+                                                   float min_scale)
+{
+    float scale = fmaxf(fmaxf(fabsf(point.x), fabsf(point.y)), fmaxf(fabsf(point.z), min_scale));
+    return kd_add(point, kd_scale(normal, ray_epsilon * scale));
+}
+
 __device__ __forceinline__ float kd_power_heuristic(float pdf_a, float pdf_b)
 {
     float a2 = pdf_a * pdf_a;
@@ -199,7 +208,8 @@ extern "C" __global__ void kd_render_sample_lights(
 
 // Expand light samples into shadow rays carrying their MIS-weighted radiance.
 extern "C" __global__ void kd_render_expand_light_samples(
-    int n, float ray_epsilon, const int* __restrict__ hit_tri, const float* __restrict__ hit_u,
+    int n, float ray_epsilon, float min_scale, const int* __restrict__ hit_tri,
+    const float* __restrict__ hit_u,
     const float* __restrict__ hit_v, const float* __restrict__ ray_direction,
     const float* __restrict__ path_throughput, const int* __restrict__ path_pixel,
     const int* __restrict__ sample_tri, const float* __restrict__ sample_u,
@@ -219,7 +229,7 @@ extern "C" __global__ void kd_render_expand_light_samples(
     float3 point, normal;
     kd_surface(tri_vertex, tri_normal, tri, hit_u[i], hit_v[i], kd_load3(ray_direction, i), &point,
                &normal);
-    float3 origin = kd_add(point, kd_scale(normal, ray_epsilon));
+    float3 origin = kd_offset_origin(point, normal, ray_epsilon, min_scale);
     float3 l0 = kd_xyz(tri_vertex[3 * light]);
     float3 l1 = kd_xyz(tri_vertex[3 * light + 1]);
     float3 l2 = kd_xyz(tri_vertex[3 * light + 2]);
@@ -262,7 +272,7 @@ extern "C" __global__ void kd_render_add_unoccluded(
 // Sample the Lambertian BSDF (cosine-weighted): next ray, throughput *= albedo.
 // Tangent frame: Duff et al. 2017, "Building an orthonormal basis, revisited".
 extern "C" __global__ void kd_render_sample_bsdf(
-    int n, float ray_epsilon, unsigned int salt_phi, unsigned int salt_r,
+    int n, float ray_epsilon, float min_scale, unsigned int salt_phi, unsigned int salt_r,
     const int* __restrict__ hit_tri, const float* __restrict__ hit_u,
     const float* __restrict__ hit_v, const float4* __restrict__ tri_vertex,
     const float4* __restrict__ tri_normal, const int* __restrict__ tri_material,
@@ -293,7 +303,7 @@ extern "C" __global__ void kd_render_sample_bsdf(
     float3 bitangent = make_float3(b, sign + normal.y * normal.y * a, -normal.y);
     float3 direction = kd_normalize(kd_add(kd_add(kd_scale(tangent, local_x), kd_scale(bitangent, local_y)),
                                            kd_scale(normal, local_z)));
-    kd_store3(ray_origin, i, kd_add(point, kd_scale(normal, ray_epsilon)));
+    kd_store3(ray_origin, i, kd_offset_origin(point, normal, ray_epsilon, min_scale));
     kd_store3(ray_direction, i, direction);
     kd_store3(path_throughput, i, kd_mul(kd_load3(path_throughput, i), albedo));
     path_bsdf_pdf[i] = local_z * KD_INV_PI;
