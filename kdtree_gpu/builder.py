@@ -788,9 +788,12 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
                 seg_enabled = cp.ones(3 * n, dtype=bool)
             open_close = cp.empty(num_events + 1, dtype=np.int64)
             head = cp.empty(num_events, dtype=np.int32)
-        launch("compute_split_costs: event flags", kernel("kd_event_flags"), num_events,
+            seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
+            seg_best = cp.empty(3 * n, dtype=np.uint64)
+        launch("compute_split_costs: event flags", kernel("kd_event_flags"),
+               max(num_events, 3 * n),
                (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
-                open_close, head))
+                i64(3 * n), open_close, head, seg_min_cost, seg_best))
         with stage(xp=cp, description="compute_split_costs: scans"):
             open_close_ex = cp.cumsum(open_close)
             run_id = cp.cumsum(head, dtype=np.int32)
@@ -803,10 +806,13 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
                (events.event_pos, events.event_seg, head, run_id, run_start, open_close_ex,
                 nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
                 node_active, seg_enabled, i64(n), i64(num_events), f64(cfg.k_traversal),
-                f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost, event_side))
+                f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost, event_side,
+                seg_min_cost))
         # -- select_best_splits + decide_leaves
-        with stage(xp=cp, description="select_best_splits: segmented argmin"):
-            seg_best = segmented_argmin(event_cost, nodes.seg_event_offset)
+        # The segmented arg-min of the event costs (segmented_argmin's fused
+        # twin): the cost kernel left each segment's minimum in seg_min_cost.
+        launch("select_best_splits: segmented argmin", kernel("kd_segment_argmin"), num_events,
+               (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
         best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                          node_axis=cp.empty(n, dtype=np.int8),
                          node_pos=cp.empty(n, dtype=np.float32),
@@ -814,7 +820,7 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
         node_split = cp.empty(n, dtype=bool)
         split_leaf = cp.empty(n + 1, dtype=np.int64)
         launch("select_best_splits", kernel("kd_select_splits"), n,
-               (seg_best.astype(np.int64, copy=False), event_cost, events.event_pos, event_side,
+               (seg_best, event_cost, events.event_pos, event_side,
                 nodes.node_ref_offset, node_active, i64(n), f64(cfg.k_intersect),
                 best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
                 split_leaf))

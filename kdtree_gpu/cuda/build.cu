@@ -18,17 +18,50 @@ __device__ __forceinline__ long long kd_tid()
     return (long long)blockIdx.x * blockDim.x + threadIdx.x;
 }
 
+// Costs are >= 0 (or +inf), so their IEEE bit patterns order like the values
+// and an integer atomicMin on the bits is an exact float64 minimum.
+#define KD_INF_BITS 0x7ff0000000000000ull
+#define KD_NO_INDEX 0xffffffffffffffffull
+
+// Minimum of `key` over each run of equal `seg` among the lanes of a warp
+// (events are sorted by segment, so a segment's lanes are contiguous); the
+// first lane of each run then makes one atomicMin for the whole run.
+// Lanes past the end pass seg = -1 and take part in the shuffles only.
+__device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long key, int seg,
+                                                             unsigned long long* target)
+{
+    const unsigned full = 0xffffffffu;
+    int lane = threadIdx.x & 31;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        unsigned long long other = __shfl_down_sync(full, key, offset);
+        int other_seg = __shfl_down_sync(full, seg, offset);
+        if (lane + offset < 32 && other_seg == seg && other < key) key = other;
+    }
+    int prev_seg = __shfl_up_sync(full, seg, 1);
+    bool run_head = lane == 0 || prev_seg != seg;
+    if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
+}
+
 // Stage compute_split_costs, part 1: per event, the run-head flag (first event
 // of a run of equal positions in a segment) and the packed (opens, closes)
 // counts: opens = START or PLANAR, closes = END or PLANAR.
+// Also resets the per-segment minimum cost and arg-min of this level
+// (launched over max(E, num_segments) threads).
 extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
                                           const signed char* __restrict__ event_kind,
                                           const int* __restrict__ event_seg,
                                           long long num_events,
+                                          long long num_segments,
                                           long long* __restrict__ open_close,  // (E + 1)
-                                          int* __restrict__ head)              // (E)
+                                          int* __restrict__ head,              // (E)
+                                          unsigned long long* __restrict__ seg_min_cost,
+                                          unsigned long long* __restrict__ seg_best)
 {
     long long e = kd_tid();
+    if (e < num_segments) {
+        seg_min_cost[e] = KD_INF_BITS;
+        seg_best[e] = KD_NO_INDEX;
+    }
     if (e >= num_events) return;
     int kind = event_kind[e];
     long long opens = kind != KD_EVENT_END;
@@ -72,63 +105,89 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           double k_traversal, double k_intersect,
                                           double empty_bonus,
                                           double* __restrict__ event_cost,
-                                          signed char* __restrict__ event_side)
+                                          signed char* __restrict__ event_side,
+                                          unsigned long long* __restrict__ seg_min_cost)
 {
     long long e = kd_tid();
-    if (e >= num_events) return;
+    // Every lane of a warp takes part in the segmented minimum at the end.
+    bool live = e < num_events;
     double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
     signed char side = KD_SIDE_LEFT;
-    int seg = event_seg[e];
-    int node = (int)(seg % num_nodes);
-    int axis = (int)(seg / num_nodes);
-    float p = event_pos[e];
-    float lo_k = node_lo[3 * node + axis];
-    float hi_k = node_hi[3 * node + axis];
-    if (head[e] && node_active[node] && seg_enabled[seg] && p > lo_k && p < hi_k) {
-        long long seg_start = seg_event_offset[seg];
-        int run = run_id[e];  // 1-based: the next run starts at run_start[run]
-        long long run_end = run == run_id[num_events - 1] ? num_events : run_start[run];
-        long long oc_e = open_close_ex[e];
-        long long oc_s = open_close_ex[seg_start];
-        long long oc_r = open_close_ex[run_end];
-        long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
-        long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
-        long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
-        long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
-        long long n_planar = planar_r - planar_e;
-        long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+    int seg = live ? event_seg[e] : -1;
+    if (live) {
+        int node = (int)(seg % num_nodes);
+        int axis = (int)(seg / num_nodes);
+        float p = event_pos[e];
+        float lo_k = node_lo[3 * node + axis];
+        float hi_k = node_hi[3 * node + axis];
+        if (head[e] && node_active[node] && seg_enabled[seg] && p > lo_k && p < hi_k) {
+            long long seg_start = seg_event_offset[seg];
+            int run = run_id[e];  // 1-based: the next run starts at run_start[run]
+            long long run_end = run == run_id[num_events - 1] ? num_events : run_start[run];
+            long long oc_e = open_close_ex[e];
+            long long oc_s = open_close_ex[seg_start];
+            long long oc_r = open_close_ex[run_end];
+            long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+            long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+            long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
+            long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+            long long n_planar = planar_r - planar_e;
+            long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
 
-        double lo[3], ext[3];
-        for (int k = 0; k < 3; ++k) {
-            lo[k] = (double)node_lo[3 * node + k];
-            ext[k] = __dsub_rn((double)node_hi[3 * node + k], lo[k]);
+            double lo[3], ext[3];
+            for (int k = 0; k < 3; ++k) {
+                lo[k] = (double)node_lo[3 * node + k];
+                ext[k] = __dsub_rn((double)node_hi[3 * node + k], lo[k]);
+            }
+            double area = kd_half_area(ext[0], ext[1], ext[2]);
+            double ext_l[3] = {ext[0], ext[1], ext[2]};
+            double ext_r[3] = {ext[0], ext[1], ext[2]};
+            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+            double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                          n_left + n_planar, n_right);
+            double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                          n_left, n_right + n_planar);
+            if (cost_l <= cost_r) {
+                cost = cost_l;
+            } else {
+                cost = cost_r;
+                side = KD_SIDE_RIGHT;
+            }
         }
-        double area = kd_half_area(ext[0], ext[1], ext[2]);
-        double ext_l[3] = {ext[0], ext[1], ext[2]};
-        double ext_r[3] = {ext[0], ext[1], ext[2]};
-        ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
-        ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
-        double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
-        double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
-        double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
-                                      n_left + n_planar, n_right);
-        double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
-                                      n_left, n_right + n_planar);
-        if (cost_l <= cost_r) {
-            cost = cost_l;
-        } else {
-            cost = cost_r;
-            side = KD_SIDE_RIGHT;
-        }
+        event_cost[e] = cost;
+        event_side[e] = side;
     }
-    event_cost[e] = cost;
-    event_side[e] = side;
+    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
+                                 seg_min_cost);
+}
+
+// Stage select_best_splits, arg-min: the lowest event index whose cost equals
+// its segment's minimum (lowest index = lowest position: rule R8's tie-break).
+extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_cost,
+                                             const int* __restrict__ event_seg,
+                                             const unsigned long long* __restrict__ seg_min_cost,
+                                             long long num_events,
+                                             unsigned long long* __restrict__ seg_best)
+{
+    long long e = kd_tid();
+    bool live = e < num_events;
+    int seg = live ? event_seg[e] : -1;
+    unsigned long long key = KD_NO_INDEX;
+    if (live) {
+        unsigned long long bits = (unsigned long long)__double_as_longlong(event_cost[e]);
+        if (bits != KD_INF_BITS && bits == seg_min_cost[seg]) key = (unsigned long long)e;
+    }
+    kd_warp_segmented_atomic_min(key, seg, seg_best);
 }
 
 // Stage select_best_splits + decide_leaves, per node: the best of the three
 // axes' best planes (ties keep the lower axis), and whether to split (R4, R8).
 // Writes the packed (split, leaf triangle count) scan input with a leading 0.
-extern "C" __global__ void kd_select_splits(const long long* __restrict__ seg_best,
+extern "C" __global__ void kd_select_splits(const unsigned long long* __restrict__ seg_best,
                                             const double* __restrict__ event_cost,
                                             const float* __restrict__ event_pos,
                                             const signed char* __restrict__ event_side,
@@ -149,8 +208,9 @@ extern "C" __global__ void kd_select_splits(const long long* __restrict__ seg_be
     int axis = 0;
     long long ev = -1;
     for (int k = 0; k < 3; ++k) {
-        long long idx = seg_best[k * num_nodes + i];
-        if (idx >= 0) {
+        unsigned long long best = seg_best[k * num_nodes + i];
+        long long idx = (long long)best;
+        if (best != KD_NO_INDEX) {
             double c = event_cost[idx];
             if (c < cost) {
                 cost = c;
