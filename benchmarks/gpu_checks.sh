@@ -29,7 +29,7 @@ for step in "${@:-tests}"; do
     build-quick) python3 benchmarks/bench_build.py --out "$out" --no-cold --repeats 5 \
              --meshes cornell_box suzanne stanford_bunny stanford_armadillo stanford_armadillo@sub1 \
              2>&1 | tee "$out/bench_build.log" | grep -v '^|' | tail -30 ;;
-    primitives) python3 benchmarks/bench_primitives.py --out "$out" 2>&1 | tail -30 ;;
+    primitives) python3 benchmarks/bench_primitives.py --out "$out/primitives.json" 2>&1 | tail -30 ;;
     traversal) python3 benchmarks/bench_traversal.py --peers-dir .peers --out "$out" 2>&1 | tail -40 ;;
     traversal-check) python3 benchmarks/gpu_traversal_check.py --mesh-dir "$KDTREE_GPU_MESH_DIR" --out "$out" 2>&1 | tail -40 ;;
     render) python3 benchmarks/gpu_render_check.py --out "$out" 2>&1 | tail -40 ;;
