@@ -517,7 +517,13 @@ def test_demo_unwritable_output(run_cli, tmp_path):
 
 # --- on a GPU -------------------------------------------------------------------------------
 
+# the gpu marker skips these through the shared conftest; the skipif keeps this
+# file correct on its own
+needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
+
+
 @pytest.mark.gpu
+@needs_gpu
 def test_verify_cornell_on_the_gpu(run_cli):
     code, out, err = run_cli("verify", "cornell", "--rays", "20000", "--device", "gpu")
     assert code == 0, out + err
@@ -525,6 +531,7 @@ def test_verify_cornell_on_the_gpu(run_cli):
 
 
 @pytest.mark.gpu
+@needs_gpu
 def test_build_and_demo_on_the_gpu(run_cli, boxes_ply, tmp_path):
     code, out, err = run_cli("build", boxes_ply, "-o", tmp_path / "b.kdt", "--device", "gpu",
                              "--json")
