@@ -758,7 +758,7 @@ def cast_brute_force(vertices, faces, origins, directions, device: str):
     """
     from . import raycast
 
-    result = raycast.intersect_brute_force(vertices, faces, origins, directions, device=device)
+    result = raycast.intersect_brute(vertices, faces, origins, directions, device=device)
     return _to_host(result[0]), _to_host(result[1])
 
 
@@ -1074,7 +1074,18 @@ def run_bench(args) -> int:
                 print_json(rows[-1])
     if not args.json:
         print(format_table(rows))
+        print(f"(median of {args.repeat} builds after a warm-up; {args.rays} random rays; "
+              f"{describe_device()})")
     return EXIT_OK
+
+
+def describe_device() -> str:
+    """The GPU's name, or why there is none."""
+    from . import backend
+
+    if not backend.gpu_available():
+        return f"CPU only: {backend.unavailable_reason()}"
+    return f"GPU: {backend.device_memory_info()['name']}"
 
 
 def bench_scene_names() -> list:
