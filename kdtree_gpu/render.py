@@ -111,13 +111,14 @@ class SoA:
     """Helpers shared by every queue: allocate, gather and size all fields together."""
 
     @classmethod
-    def allocate(cls, xp, n: int):
-        """A queue of ``n`` zeroed entries on the backend of ``xp``."""
+    def allocate(cls, xp, n: int, zero: bool = True):
+        """A queue of ``n`` entries on the backend of ``xp`` (zeroed unless ``zero=False``)."""
+        make = xp.zeros if zero else xp.empty
         arrays = {}
         for f in dataclasses.fields(cls):
             width = f.metadata["width"]
             shape = (n,) if width is None else (n, width)
-            arrays[f.name] = xp.zeros(shape, dtype=f.metadata["dtype"])
+            arrays[f.name] = make(shape, dtype=f.metadata["dtype"])
         return cls(**arrays)
 
     def take(self, index):
@@ -572,7 +573,8 @@ def generate_camera_rays(ctx: RenderContext, first_sample: int, num_samples: int
     """
     xp = ctx.xp
     n = ctx.num_pixels * num_samples
-    queue = PathQueue.allocate(xp, n)
+    # the kernel writes every field of every entry
+    queue = PathQueue.allocate(xp, n, zero=not ctx.use_kernels)
     seed_hash = np.uint32(pcg_hash_scalar(int(ctx.seed) & _U32))
     if ctx.use_kernels:
         _launch(ctx, "render: generate camera rays", "kd_render_generate_camera_rays", n, (
@@ -691,7 +693,7 @@ def sample_lights(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: in
     """
     xp = ctx.xp
     sc = ctx.scene
-    samples = LightSampleQueue.allocate(xp, queue.size)
+    samples = LightSampleQueue.allocate(xp, queue.size, zero=not ctx.use_kernels)
     num_lights = sc.num_lights
     if ctx.use_kernels:
         _launch(ctx, "render: sample lights", "kd_render_sample_lights", queue.size, (
@@ -728,7 +730,8 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     """Turn compact light samples into shadow rays with their MIS-weighted radiance."""
     xp = ctx.xp
     sc = ctx.scene
-    shadow = ShadowQueue.allocate(xp, queue.size)
+    # the kernel sets shadow_tmax = -1 where it writes nothing else
+    shadow = ShadowQueue.allocate(xp, queue.size, zero=not ctx.use_kernels)
     if ctx.use_kernels:
         _launch(ctx, "render: expand light samples", "kd_render_expand_light_samples", queue.size, (
             _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale), hit.hit_tri, hit.hit_u,
@@ -990,12 +993,159 @@ def build_tree(scene: RenderScene, device: str):
     return build(scene.vertices, scene.faces, device=device)
 
 
+def _check_int(name, value, minimum, allow_none=False):
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < minimum:
+        what = "None or an integer" if allow_none else "an integer"
+        raise ValueError(f"{name} must be {what} >= {minimum}, got {value!r}")
+    return int(value)
+
+
+class Renderer:
+    """A scene prepared for rendering: tree built, scene arrays on the device.
+
+    Rendering the same scene again (other sample counts, depths, seeds,
+    compaction settings) reuses all of it; benchmarks time :meth:`render`
+    alone.
+
+    Parameters
+    ----------
+    scene_or_mesh, width, height, device, tree, camera, accel, kernels, ray_epsilon
+        As in :func:`render`.
+    """
+
+    def __init__(self, scene_or_mesh, width: int = 512, height: int = 512, device: str = "auto",
+                 tree=None, camera=None, accel: str = "kdtree", kernels: str = "cuda",
+                 ray_epsilon: float = DEFAULT_RAY_EPSILON):
+        self.width = _check_int("width", width, 1)
+        self.height = _check_int("height", height, 1)
+        if accel not in ACCEL_CHOICES:
+            raise ValueError(f"accel must be one of {ACCEL_CHOICES}, got {accel!r}")
+        if kernels not in KERNEL_CHOICES:
+            raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+        if not (isinstance(ray_epsilon, (int, float)) and 0 <= ray_epsilon < 1):
+            raise ValueError(f"ray_epsilon must be a number in [0, 1), got {ray_epsilon!r}")
+        self.device = resolve_device(device)
+        self.scene = as_render_scene(scene_or_mesh, camera=camera)
+        self.accel = accel
+        self.kernels = kernels if self.device == "cuda" else "xp"
+        if self.device == "cuda":
+            import cupy as xp
+        else:
+            xp = np
+        self.xp = xp
+        self.build_seconds = 0.0
+        if accel == "brute":
+            self.tree = None
+            self.tracer = BruteForceTracer(xp, self.scene.vertices, self.scene.faces)
+        else:
+            if tree is None:
+                start = time.perf_counter()
+                tree = build_tree(self.scene, self.device)
+                self.build_seconds = time.perf_counter() - start
+            elif tree.num_triangles != self.scene.num_triangles:
+                raise SceneError(f"tree has {tree.num_triangles} triangles but the scene has "
+                                 f"{self.scene.num_triangles}; build it over the scene's triangles")
+            self.tree = tree
+            self.tracer = KdTreeTracer(tree, self.device)
+        self.device_scene = upload_scene(xp, self.scene, self.width, self.height, ray_epsilon)
+
+    def render(self, spp: int = 64, max_depth: Optional[int] = 8, compaction: bool = True,
+               seed: int = 0, rr_start_depth: int = DEFAULT_RR_START_DEPTH,
+               paths_per_pass: Optional[int] = None, profile: bool = True,
+               profiler=None) -> RenderResult:
+        """Trace ``spp`` samples per pixel; see :func:`render` for the parameters.
+
+        Parameters
+        ----------
+        profile : bool
+            Record per-stage times (CUDA events around every launch, or
+            ``perf_counter`` on the CPU) into ``stats["stages"]``. Off, the
+            stages run without events and ``stats["stages"]`` is empty.
+        """
+        spp = _check_int("spp", spp, 1)
+        max_depth = _check_int("max_depth", max_depth, 0, allow_none=True)
+        rr_start_depth = _check_int("rr_start_depth", rr_start_depth, 0)
+        if not isinstance(compaction, bool):
+            raise TypeError(f"compaction must be a bool, got {compaction!r}")
+        xp = self.xp
+        ctx = RenderContext(
+            xp=xp, device=self.device, scene=self.device_scene, tracer=self.tracer,
+            width=self.width, height=self.height, seed=int(seed), max_depth=max_depth,
+            rr_start_depth=rr_start_depth, compaction=compaction,
+            use_kernels=(self.device == "cuda" and self.kernels == "cuda"))
+        ctx.pass_radiance = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
+        ctx.film_sum = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
+        if paths_per_pass is None:
+            paths_per_pass = DEFAULT_PATHS_PER_PASS[self.device]
+        paths_per_pass = _check_int("paths_per_pass", paths_per_pass, 1)
+        samples_per_pass = max(1, min(spp, paths_per_pass // ctx.num_pixels))
+        stats = {"paths_per_depth": [], "queue_per_depth": [], "shadow_rays": 0,
+                 "max_depth_reached": 0}
+
+        from .launch import Profiler, active_profiler, profiling, set_active_profiler
+
+        if profile:
+            profiler = profiler or active_profiler() or Profiler()
+            before = profiler.as_dict()
+            scope = profiling(profiler)
+        else:
+            profiler = None
+            scope = _profiling_off(set_active_profiler)
+        passes = 0
+        with scope:
+            if self.device == "cuda":
+                xp.cuda.get_current_stream().synchronize()
+            start = time.perf_counter()
+            for first in range(0, spp, samples_per_pass):
+                trace_paths(ctx, first, min(samples_per_pass, spp - first), stats)
+                passes += 1
+            image = ctx.film_sum / np.float32(spp)
+            if self.device == "cuda":
+                image = image.get()  # device-to-host copy: waits for the last pass
+            seconds = time.perf_counter() - start
+        stages = _profile_difference(before, profiler.as_dict()) if profile else {}
+
+        stats.update({
+            "device": self.device,
+            "width": self.width,
+            "height": self.height,
+            "spp": spp,
+            "max_depth": max_depth,
+            "compaction": compaction,
+            "kernels": self.kernels,
+            "accel": self.accel,
+            "seed": int(seed),
+            "passes": passes,
+            "samples_per_pass": samples_per_pass,
+            "seconds": seconds,
+            "build_seconds": self.build_seconds,
+            "samples_per_second": self.width * self.height * spp / max(seconds, 1e-12),
+            "rays": int(sum(stats["paths_per_depth"])),
+            "stages": stages,
+            "scene": self.scene.name,
+            "num_triangles": self.scene.num_triangles,
+        })
+        image = np.asarray(image, dtype=np.float32).reshape(self.height, self.width, 3)
+        return RenderResult(image=image, stats=stats)
+
+
+@contextlib.contextmanager
+def _profiling_off(set_active_profiler):
+    previous = set_active_profiler(None)
+    try:
+        yield
+    finally:
+        set_active_profiler(previous)
+
+
 def render(scene_or_mesh, width: int = 512, height: int = 512, spp: int = 64,
            max_depth: Optional[int] = 8, device: str = "auto", compaction: bool = True,
            seed: int = 0, tree=None, camera=None, accel: str = "kdtree",
            rr_start_depth: int = DEFAULT_RR_START_DEPTH, paths_per_pass: Optional[int] = None,
            kernels: str = "cuda", ray_epsilon: float = DEFAULT_RAY_EPSILON,
-           profiler=None) -> RenderResult:
+           profile: bool = True, profiler=None) -> RenderResult:
     """Path-trace a scene.
 
     Parameters
@@ -1020,7 +1170,8 @@ def render(scene_or_mesh, width: int = 512, height: int = 512, spp: int = 64,
     tree : KdTree, optional
         Built over exactly the scene's triangles (for a bare mesh: the mesh
         plus the two light triangles appended by
-        :func:`~kdtree_gpu.render_scene.mesh_scene`). Default: built here.
+        :func:`~kdtree_gpu.render_scene.mesh_scene`). Default: built here
+        with :func:`kdtree_gpu.builder.build` on ``device``.
     camera : Camera, optional
         Replaces the scene's camera.
     accel : {"kdtree", "brute"}
@@ -1037,6 +1188,8 @@ def render(scene_or_mesh, width: int = 512, height: int = 512, spp: int = 64,
     ray_epsilon : float
         Offset of secondary ray origins off the surface, relative to the
         largest coordinate of the hit point (see :func:`offset_origin`).
+    profile : bool
+        Record per-stage times into ``stats["stages"]``.
     profiler : kdtree_gpu.launch.Profiler, optional
         Records every launch and stage (default: the active profiler, or a
         new one); ``stats["stages"]`` holds this render's share of it.
@@ -1052,95 +1205,11 @@ def render(scene_or_mesh, width: int = 512, height: int = 512, spp: int = 64,
     SceneError
         A scene that cannot be rendered.
     """
-    for name, value in (("width", width), ("height", height), ("spp", spp)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-            raise ValueError(f"{name} must be a positive integer, got {value!r}")
-    if max_depth is not None and (isinstance(max_depth, bool) or not isinstance(max_depth, (int, np.integer))
-                                  or max_depth < 0):
-        raise ValueError(f"max_depth must be None or an integer >= 0, got {max_depth!r}")
-    if accel not in ACCEL_CHOICES:
-        raise ValueError(f"accel must be one of {ACCEL_CHOICES}, got {accel!r}")
-    if kernels not in KERNEL_CHOICES:
-        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
-    if not isinstance(compaction, bool):
-        raise TypeError(f"compaction must be a bool, got {compaction!r}")
-    if isinstance(rr_start_depth, bool) or not isinstance(rr_start_depth, (int, np.integer)) \
-            or rr_start_depth < 0:
-        raise ValueError(f"rr_start_depth must be an integer >= 0, got {rr_start_depth!r}")
-    width, height, spp = int(width), int(height), int(spp)
-    device = resolve_device(device)
-    scene = as_render_scene(scene_or_mesh, camera=camera)
-
-    if device == "cuda":
-        import cupy as xp
-    else:
-        xp = np
-    build_seconds = 0.0
-    if accel == "brute":
-        tracer = BruteForceTracer(xp, scene.vertices, scene.faces)
-    else:
-        if tree is None:
-            start = time.perf_counter()
-            tree = build_tree(scene, device)
-            build_seconds = time.perf_counter() - start
-        elif tree.num_triangles != scene.num_triangles:
-            raise SceneError(f"tree has {tree.num_triangles} triangles but the scene has "
-                             f"{scene.num_triangles}; build it over the scene's triangles")
-        tracer = KdTreeTracer(tree, device)
-
-    ctx = RenderContext(
-        xp=xp, device=device, scene=upload_scene(xp, scene, width, height, ray_epsilon),
-        tracer=tracer, width=width, height=height, seed=int(seed),
-        max_depth=None if max_depth is None else int(max_depth),
-        rr_start_depth=int(rr_start_depth), compaction=compaction,
-        use_kernels=(device == "cuda" and kernels == "cuda"))
-    ctx.pass_radiance = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
-    ctx.film_sum = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
-
-    if paths_per_pass is None:
-        paths_per_pass = DEFAULT_PATHS_PER_PASS[device]
-    samples_per_pass = max(1, min(spp, int(paths_per_pass) // ctx.num_pixels))
-    stats = {"paths_per_depth": [], "queue_per_depth": [], "shadow_rays": 0, "max_depth_reached": 0}
-
-    from .launch import Profiler, active_profiler, profiling
-
-    profiler = profiler or active_profiler() or Profiler()
-    before = profiler.as_dict()
-    passes = 0
-    with profiling(profiler):
-        if device == "cuda":
-            xp.cuda.get_current_stream().synchronize()
-        start = time.perf_counter()
-        for first in range(0, spp, samples_per_pass):
-            trace_paths(ctx, first, min(samples_per_pass, spp - first), stats)
-            passes += 1
-        image = ctx.film_sum / np.float32(spp)
-        if device == "cuda":
-            image = image.get()
-        seconds = time.perf_counter() - start
-    after = profiler.as_dict()
-
-    stats.update({
-        "device": device,
-        "width": width,
-        "height": height,
-        "spp": spp,
-        "max_depth": max_depth,
-        "compaction": compaction,
-        "kernels": kernels if device == "cuda" else "xp",
-        "accel": accel,
-        "seed": int(seed),
-        "passes": passes,
-        "samples_per_pass": samples_per_pass,
-        "seconds": seconds,
-        "build_seconds": build_seconds,
-        "samples_per_second": width * height * spp / max(seconds, 1e-12),
-        "rays": int(sum(stats["paths_per_depth"])),
-        "stages": _profile_difference(before, after),
-        "scene": scene.name,
-        "num_triangles": scene.num_triangles,
-    })
-    return RenderResult(image=np.asarray(image, dtype=np.float32).reshape(height, width, 3), stats=stats)
+    renderer = Renderer(scene_or_mesh, width, height, device=device, tree=tree, camera=camera,
+                        accel=accel, kernels=kernels, ray_epsilon=ray_epsilon)
+    return renderer.render(spp=spp, max_depth=max_depth, compaction=compaction, seed=seed,
+                           rr_start_depth=rr_start_depth, paths_per_pass=paths_per_pass,
+                           profile=profile, profiler=profiler)
 
 
 def _profile_difference(before: dict, after: dict) -> dict:
