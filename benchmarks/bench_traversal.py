@@ -1,0 +1,331 @@
+#!/usr/bin/env python3
+"""Ray traversal benchmark: the GPU kd-tree beside NVIDIA Warp and Embree, same rays.
+
+For each mesh, three ray sets of 1920 x 1080 rays each:
+
+* primary: pinhole camera rays, ``peer_bench.make_primary_rays`` (row-major,
+  coherent), closest hit;
+* diffuse: cosine-distributed directions from surface points,
+  ``peer_bench.make_diffuse_rays`` (seed 1234, incoherent), closest hit;
+* shadow: from every primary hit point toward a point light above the scene
+  (at the box centre in x and z, ``0.25 * diagonal`` above the box top in y),
+  any hit. The direction is ``light - point`` unnormalized, with
+  ``tmin = 1e-4`` and ``tmax = 1 - 1e-4`` (fractions of the distance to the
+  light), so neither the surface the ray starts on nor the light counts.
+  Only rays of pixels that hit something, so fewer than 1920 x 1080.
+
+Our time: CUDA events around one query after ``--warmup`` runs, median of
+``--repeats``; and, for the ratios, the wall-clock time with synchronization
+that ``peer_bench`` uses for every peer (``peer_bench._timed``), so both sides
+are measured alike. Peers (primary and diffuse, through
+``peer_bench.WarpPeer`` and ``peer_bench.EmbreexPeer``): Warp ``wp.Mesh``
+(GPU LBVH) with ``mesh_query_ray``, and embreex on all CPU cores. Neither has
+an any-hit query in these versions, so shadow rays are ours only.
+
+Per ray set also: nodes visited (interior and leaves) and triangles tested per
+ray, from the counting kernel, next to the tree's SAH cost
+(``tree.stats()["sah_cost"]``: expected cost of a ray through the root box,
+without early termination) and the cost the counts give,
+``K_T * nodes visited + K_I * tests`` (leaves counted as nodes).
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_traversal.py --peers-dir .peers --out benchmarks/results
+
+Writes ``traversal_<gpu>.json`` and ``traversal_<gpu>.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import importlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
+                  "sponza_dabrovic"]
+LIGHT_HEIGHT = 0.25  # light above the box top, in box diagonals
+SHADOW_EPS = 1e-4  # tmin and 1 - tmax of shadow rays, fractions of the light distance
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR",
+                                                             str(ROOT / ".meshes")))
+    parser.add_argument("--peers-dir", default=str(ROOT / ".peers"),
+                        help="folder holding peer_bench.py")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--meshes", nargs="+", default=DEFAULT_MESHES)
+    parser.add_argument("--width", type=int, default=1920)
+    parser.add_argument("--height", type=int, default=1080)
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--embree-repeats", type=int, default=3)
+    parser.add_argument("--no-peers", action="store_true", help="time our traversal only")
+    parser.add_argument("--builder", choices=["gpu", "cpu"], default="gpu",
+                        help="gpu: kdtree_gpu.build; cpu: cpu_reference.build (same tree)")
+    return parser.parse_args(argv)
+
+
+# --- rays ------------------------------------------------------------------------
+def make_shadow_rays(vertices, origins, directions, t, tri):
+    """Shadow rays from the primary hit points toward a light above the scene.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    origins, directions : (num_primary, 3) float32
+    t : (num_primary,) float32
+    tri : (num_primary,) int32
+
+    Returns
+    -------
+    shadow_origins, shadow_directions : (num_hits, 3) float32
+    shadow_tmin, shadow_tmax : (num_hits,) float32
+    light : (3,) float64
+    """
+    lo, hi = vertices.min(0).astype(np.float64), vertices.max(0).astype(np.float64)
+    diag = float(np.linalg.norm(hi - lo))
+    light = np.array([0.5 * (lo[0] + hi[0]), hi[1] + LIGHT_HEIGHT * diag, 0.5 * (lo[2] + hi[2])])
+    hit = tri >= 0
+    points = origins[hit].astype(np.float64) + t[hit, None].astype(np.float64) * directions[hit]
+    n = points.shape[0]
+    return (points.astype(np.float32), (light - points).astype(np.float32),
+            np.full(n, SHADOW_EPS, np.float32), np.full(n, 1.0 - SHADOW_EPS, np.float32), light)
+
+
+# --- timing ----------------------------------------------------------------------
+def time_gpu(fn, repeats, warmup):
+    """Median milliseconds of ``fn()`` between two CUDA events, after warm-up runs."""
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(times), times
+
+
+def time_wall(pb, fn, repeats, warmup):
+    """Median seconds of ``fn()`` measured as peer_bench measures every peer."""
+    import cupy
+
+    sync = cupy.cuda.get_current_stream().synchronize
+    median, _, _ = pb._timed(fn, sync, repeats, warmup)
+    return median
+
+
+def measure_ours(tree, rays, any_hit, args, pb):
+    """Mrays/s (events and wall clock) and per-ray work counts for one ray set."""
+    from kdtree_gpu import raycast_gpu as rg
+
+    query = rg.occluded_gpu if any_hit else rg.intersect_gpu
+    counted = rg.occluded_counted_gpu if any_hit else rg.intersect_counted_gpu
+    n = rays[0].shape[0]
+    event_ms, event_all = time_gpu(lambda: query(tree, *rays), args.repeats, args.warmup)
+    wall_s = time_wall(pb, lambda: query(tree, *rays), args.repeats, args.warmup)
+    result = counted(tree, *rays)
+    ray_nodes, ray_tests = result[-2].get(), result[-1].get()
+    return {
+        "rays": int(n), "ms_median": event_ms, "ms_all": event_all,
+        "mrays_per_s": n / event_ms / 1e3, "wall_s_median": wall_s,
+        "mrays_per_s_wall": n / wall_s / 1e6,
+        "nodes_per_ray": float(ray_nodes.mean()), "tests_per_ray": float(ray_tests.mean()),
+        "max_nodes": int(ray_nodes.max()), "max_tests": int(ray_tests.max()),
+        "hit_fraction": float(np.mean((result[0] if any_hit else result[1] >= 0).get())),
+    }
+
+
+def measure_peer(peer, pb, V, F, raysets, reps, warmup):
+    """Build ``peer``'s structure and time its closest-hit casts on each ray set."""
+    ok, why = peer.available()
+    if not ok:
+        return {"skipped": why}
+    record = {"info": peer.info()}
+    if isinstance(peer, pb.WarpPeer):
+        peer.upload_mesh(V, F)
+        peer.sync()
+    build_s, _, handle = pb._timed(lambda: peer.build(V, F), peer.sync, reps, warmup)
+    record["build_s_median"] = build_s
+    for name, (O, D) in raysets.items():
+        rays = peer.prepare(O, D)
+        peer.sync()
+        cast_s, _, res = pb._timed(lambda: peer.cast(handle, rays), peer.sync, reps, warmup)
+        t, ids = peer.fetch(res)
+        record[name] = {"rays": int(len(O)), "cast_s_median": cast_s,
+                        "mrays_per_s": len(O) / cast_s / 1e6, "t": t, "id": ids}
+        res = rays = None
+    return record
+
+
+# --- one mesh -----------------------------------------------------------------------
+def build_tree(V, F, builder):
+    if builder == "cpu":
+        from cpu_reference import build
+
+        return build(V, F)
+    import kdtree_gpu as kd
+
+    return kd.build(V, F, device="cuda")
+
+
+def bench_mesh(name, args, pb):
+    import cupy
+
+    from kdtree_gpu import raycast_gpu as rg
+
+    mesh_name, V, F = pb.load_mesh(str(Path(args.mesh_dir) / f"{name}.ply"))
+    t0 = time.perf_counter()
+    tree = build_tree(V, F, args.builder)
+    build_s = time.perf_counter() - t0
+    stats = tree.stats()
+    cfg = tree.config
+    record = {"mesh": mesh_name, "triangles": int(len(F)), "builder": args.builder,
+              "build_s": build_s, "tree": stats}
+
+    O, D = pb.make_primary_rays(V, args.width, args.height)
+    O2, D2 = pb.make_diffuse_rays(V, F, args.width * args.height, seed=1234)
+    n = O.shape[0]
+    primary = (cupy.asarray(O), cupy.asarray(D), cupy.zeros(n, cupy.float32),
+               cupy.full(n, np.inf, cupy.float32))
+    diffuse = (cupy.asarray(O2), cupy.asarray(D2), cupy.zeros(O2.shape[0], cupy.float32),
+               cupy.full(O2.shape[0], np.inf, cupy.float32))
+    t_primary, tri_primary, _, _ = (x.get() for x in rg.intersect_gpu(tree, *primary))
+    t_diffuse, tri_diffuse, _, _ = (x.get() for x in rg.intersect_gpu(tree, *diffuse))
+    SO, SD, smin, smax, light = make_shadow_rays(V, O, D, t_primary, tri_primary)
+    shadow = tuple(cupy.asarray(x) for x in (SO, SD, smin, smax))
+    record["light"] = light.tolist()
+
+    ours = {"primary": measure_ours(tree, primary, False, args, pb),
+            "diffuse": measure_ours(tree, diffuse, False, args, pb),
+            "shadow": measure_ours(tree, shadow, True, args, pb)}
+    for r in ours.values():
+        # K_T per node visited (leaves too) and K_I per test: the SAH cost's terms
+        r["measured_cost"] = cfg.k_traversal * r["nodes_per_ray"] + cfg.k_intersect * r["tests_per_ray"]
+    record["ours"] = ours
+    del primary, diffuse, shadow
+
+    if not args.no_peers:
+        our_hits = {"primary": {"idx": None, "t": t_primary, "id": tri_primary},
+                    "diffuse": {"idx": None, "t": t_diffuse, "id": tri_diffuse}}
+        raysets = {"primary": (O, D), "diffuse": (O2, D2)}
+        diag = float(np.linalg.norm(V.max(0) - V.min(0)))
+        peers = {"warp": pb.WarpPeer("lbvh", "cuda:0", "cubin"),
+                 "embree": pb.EmbreexPeer(os.cpu_count() or 1)}
+        record["peers"] = {}
+        for key, peer in peers.items():
+            reps = args.repeats if key == "warp" else args.embree_repeats
+            try:
+                res = measure_peer(peer, pb, V, F, raysets, reps, 1)
+            except Exception as exc:  # a peer failing must not lose our numbers
+                res = {"error": f"{type(exc).__name__}: {exc}"}
+            for rs in raysets:
+                if rs in res:
+                    peer_hits = {"idx": None, "t": res[rs].pop("t"), "id": res[rs].pop("id")}
+                    res[rs]["vs_ours"] = pb.compare(peer_hits, our_hits[rs], diag, 1e-4)
+                    res[rs]["ratio_ours_over_peer"] = (ours[rs]["mrays_per_s_wall"]
+                                                       / res[rs]["mrays_per_s"])
+            record["peers"][key] = res
+    return record
+
+
+# --- report --------------------------------------------------------------------------
+def gpu_slug(name):
+    """``"NVIDIA H200"`` -> ``"h200"``: the file-name label of a device."""
+    words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]
+    return words[0] if words else "gpu"
+
+
+def markdown_table(result):
+    lines = [f"# GPU kd-tree traversal, {result['device']}",
+             "",
+             f"commit `{result['commit']}`, {result['date']}, {result['width']}x{result['height']} "
+             "rays per set; Mrays/s from wall clock with synchronization (as for the peers), "
+             "CUDA-event figure in parentheses. Warp = wp.Mesh LBVH + mesh_query_ray; "
+             "Embree = embreex on all CPU cores. Shadow rays: any hit, ours only.",
+             "",
+             "| mesh | tris | rays | ours Mrays/s | Warp Mrays/s | Embree Mrays/s | ours/Warp | "
+             "ours/Embree | Warp/Embree | nodes/ray | tris/ray | cost from counts | SAH cost |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["meshes"]:
+        if "error" in r:
+            lines.append(f"| {r['mesh']} | | ERROR: {r['error']} |")
+            continue
+        for rs, ours in r["ours"].items():
+            warp = r.get("peers", {}).get("warp", {}).get(rs, {})
+            embree = r.get("peers", {}).get("embree", {}).get(rs, {})
+            w, e = warp.get("mrays_per_s"), embree.get("mrays_per_s")
+            o = ours["mrays_per_s_wall"]
+
+            def fmt(x, spec=".0f"):
+                return "-" if x is None else format(x, spec)
+
+            lines.append(
+                f"| {r['mesh']} | {r['triangles']:,} | {rs} ({ours['rays']:,}) | {o:,.0f} "
+                f"({ours['mrays_per_s']:,.0f}) | {fmt(w, ',.0f')} | {fmt(e, ',.0f')} | "
+                f"{fmt(o / w if w else None, '.2f')} | {fmt(o / e if e else None, '.2f')} | "
+                f"{fmt(w / e if w and e else None, '.2f')} | {ours['nodes_per_ray']:.1f} | "
+                f"{ours['tests_per_ray']:.1f} | {ours['measured_cost']:.0f} | "
+                f"{r['tree']['sah_cost']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    from kdtree_gpu.backend import require_gpu
+
+    require_gpu("bench_traversal.py")
+    import cupy
+
+    sys.path.insert(0, str(Path(args.peers_dir).resolve()))
+    pb = importlib.import_module("peer_bench")
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
+    device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                                capture_output=True, text=True, check=True).stdout.strip()
+    except Exception:
+        commit = None
+    result = {"device": device, "commit": commit,
+              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+              "width": args.width, "height": args.height, "repeats": args.repeats,
+              "warmup": args.warmup, "light_height_diagonals": LIGHT_HEIGHT,
+              "shadow_eps": SHADOW_EPS, "cpu_count": os.cpu_count(), "meshes": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"traversal_{gpu_slug(device)}"
+    for name in args.meshes:
+        print(f"# {name}", file=sys.stderr, flush=True)
+        try:
+            record = bench_mesh(name, args, pb)
+        except Exception as exc:
+            record = {"mesh": name, "error": f"{type(exc).__name__}: {exc}"}
+        result["meshes"].append(record)
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        cupy.get_default_memory_pool().free_all_blocks()
+    table = markdown_table(result)
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
