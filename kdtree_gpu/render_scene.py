@@ -251,6 +251,73 @@ def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LI
                        camera, background=np.asarray(background, np.float32), name=name)
 
 
+def icosphere(subdivisions: int = 1, radius: float = 1.0):
+    """A sphere mesh from a subdivided icosahedron, faces wound inward.
+
+    Parameters
+    ----------
+    subdivisions : int
+        Each step splits every triangle in four (20 * 4**subdivisions triangles).
+    radius : float
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+        Normals ``(v1 - v0) x (v2 - v0)`` point to the center.
+    """
+    t = (1.0 + 5 ** 0.5) / 2.0
+    points = [(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t), (0, -1, -t),
+              (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)]
+    tris = [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4),
+            (11, 10, 2), (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8),
+            (3, 8, 9), (4, 9, 5), (2, 4, 11), (6, 2, 10), (8, 6, 7), (9, 8, 1)]
+    V = [np.array(p, float) / np.linalg.norm(p) for p in points]
+    for _ in range(int(subdivisions)):
+        midpoints = {}
+
+        def midpoint(a, b):
+            key = (min(a, b), max(a, b))
+            if key not in midpoints:
+                m = V[a] + V[b]
+                V.append(m / np.linalg.norm(m))
+                midpoints[key] = len(V) - 1
+            return midpoints[key]
+
+        tris = [f for a, b, c in tris
+                for f in ((a, midpoint(a, b), midpoint(c, a)), (b, midpoint(b, c), midpoint(a, b)),
+                          (c, midpoint(c, a), midpoint(b, c)),
+                          (midpoint(a, b), midpoint(b, c), midpoint(c, a)))]
+    faces = np.array(tris, dtype=np.int32)[:, ::-1].copy()  # outward -> inward winding
+    return (np.array(V) * radius).astype(np.float32), faces
+
+
+def furnace_scene(albedo: float = 0.5, emission: float = 1.0, subdivisions: int = 1) -> RenderScene:
+    """The white furnace: inside a closed sphere whose every triangle emits and reflects.
+
+    Every point sees ``Le + albedo * L`` in every direction, so the exact
+    radiance everywhere is ``L = emission / (1 - albedo)``; a path tracer
+    without a depth limit must reproduce it (Russian roulette included).
+
+    Parameters
+    ----------
+    albedo : float in [0, 1)
+    emission : float > 0
+    subdivisions : int
+        Of the :func:`icosphere`.
+
+    Returns
+    -------
+    RenderScene
+    """
+    if not (0.0 <= albedo < 1.0):
+        raise SceneError(f"furnace albedo must be in [0, 1), got {albedo!r}")
+    V, F = icosphere(subdivisions)
+    camera = Camera(position=(0.1, 0.05, -0.2), look_at=(0.3, -0.1, -1.0), vfov_degrees=70)
+    return RenderScene(V, F, np.zeros(len(F), np.int32), [[albedo] * 3], [[emission] * 3], camera,
+                       name=f"furnace (albedo {albedo:g})")
+
+
 def _scene_attr(obj, names):
     for name in names:
         if isinstance(obj, dict) and name in obj:

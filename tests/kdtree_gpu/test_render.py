@@ -8,7 +8,6 @@ GPU tests (marked ``gpu``) compare the CUDA kernels with the NumPy stages.
 from __future__ import annotations
 
 import math
-import os
 
 import numpy as np
 import pytest
@@ -16,44 +15,11 @@ import pytest
 from kdtree_gpu import render as R
 from kdtree_gpu.render_image import encode_png, save_png, tonemap
 from kdtree_gpu.render_scene import (Camera, RenderScene, SceneError, as_render_scene,
-                                     build_alias_table, light_tables, mesh_scene)
+                                     build_alias_table, furnace_scene, icosphere, light_tables,
+                                     mesh_scene)
 
 
 # --- scenes ------------------------------------------------------------------------
-def icosphere(subdivisions=1, radius=1.0):
-    """Unit icosphere (vertices, faces) without trimesh."""
-    t = (1.0 + 5 ** 0.5) / 2.0
-    V = [(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t), (0, -1, -t),
-         (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)]
-    F = [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4),
-         (11, 10, 2), (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8), (3, 8, 9),
-         (4, 9, 5), (2, 4, 11), (6, 2, 10), (8, 6, 7), (9, 8, 1)]
-    V = [np.array(v, float) / np.linalg.norm(v) for v in V]
-    for _ in range(subdivisions):
-        cache = {}
-
-        def mid(a, b):
-            key = (min(a, b), max(a, b))
-            if key not in cache:
-                m = V[a] + V[b]
-                V.append(m / np.linalg.norm(m))
-                cache[key] = len(V) - 1
-            return cache[key]
-
-        F = [f for a, b, c in F
-             for f in ((a, mid(a, b), mid(c, a)), (b, mid(b, c), mid(a, b)),
-                       (c, mid(c, a), mid(b, c)), (mid(a, b), mid(b, c), mid(c, a)))]
-    return (np.array(V) * radius).astype(np.float32), np.array(F, dtype=np.int32)[:, ::-1].copy()
-
-
-def furnace_scene(albedo, emission=1.0, subdivisions=1):
-    """Inside a closed sphere whose every triangle emits ``emission`` and reflects ``albedo``."""
-    V, F = icosphere(subdivisions)
-    camera = Camera(position=(0.1, 0.05, -0.2), look_at=(0.3, -0.1, -1.0), vfov_degrees=70)
-    return RenderScene(V, F, np.zeros(len(F), np.int32), [[albedo] * 3], [[emission] * 3], camera,
-                       name="furnace")
-
-
 def lit_floor_scene(light_half=0.5, light_height=1.0, albedo=0.5, light_radiance=1.0):
     """A large floor under a square emitter; the camera looks straight down at the center."""
     s, h, big = light_half, light_height, 50.0
@@ -421,3 +387,15 @@ def test_gpu_compaction_does_not_change_the_image():
     np.testing.assert_allclose(on.image, off.image, rtol=1e-4, atol=1e-5)
     assert off.stats["queue_per_depth"][-1] == 32 * 32 * 8
     assert on.stats["queue_per_depth"][-1] < 32 * 32 * 8
+
+
+def test_icosphere_is_closed_and_wound_inward():
+    V, F = icosphere(2)
+    assert len(F) == 20 * 16
+    # every edge is shared by exactly two triangles, in opposite directions
+    edges = np.concatenate([F[:, [0, 1]], F[:, [1, 2]], F[:, [2, 0]]])
+    assert len({tuple(e) for e in edges.tolist()}) == len(edges)
+    assert {tuple(e[::-1]) for e in edges.tolist()} == {tuple(e) for e in edges.tolist()}
+    P = V[F].astype(np.float64)
+    normal = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
+    assert np.all(np.sum(normal * P.mean(axis=1), axis=1) < 0)
