@@ -126,34 +126,6 @@ def nan_ply(tmp_path):
     return write_ply(tmp_path / "nan.ply", vertices, faces)
 
 
-def _builder_importable() -> bool:
-    try:
-        import kdtree_gpu.builder  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-@pytest.fixture(autouse=True)
-def level_builder(monkeypatch):
-    """``kdtree_gpu.build``, or the CPU reference behind the same call.
-
-    The stand-in keeps these tests about the command line when the
-    level-by-level builder cannot be imported.
-    """
-    if _builder_importable():
-        return kdtree_gpu.build
-    from conftest import build_test_tree
-
-    def build(vertices, faces=None, config=None, device="auto", profile=False):
-        tree = build_test_tree(vertices, faces)
-        tree.build_info["device"] = device
-        return tree
-
-    monkeypatch.setattr(kdtree_gpu, "build", build, raising=False)
-    return build
-
-
 # --- the parser ------------------------------------------------------------------
 
 def test_help_as_subprocess_lists_every_command():
@@ -417,9 +389,6 @@ def test_info_bad_files(run_cli, tiny_tree_file, tmp_path):
 # --- verify ----------------------------------------------------------------------------
 
 def test_verify_passes_on_a_good_builder(run_cli, boxes_ply):
-    pytest.importorskip("cpu_reference.wald_havran")
-    if not _builder_importable():
-        pytest.skip("the level-by-level builder is not importable")
     code, out, err = run_cli("verify", boxes_ply, "--rays", "3000", "--device", "cpu")
     assert code == 0, out + err
     assert out.rstrip().endswith("PASS")
@@ -428,7 +397,6 @@ def test_verify_passes_on_a_good_builder(run_cli, boxes_ply):
 
 
 def test_verify_fails_with_reasons_on_a_wrong_tree(run_cli, boxes_ply, monkeypatch):
-    pytest.importorskip("cpu_reference.wald_havran")
     real_build_tree = cli.build_tree
 
     def build_with_other_settings(vertices, faces, config, device):
@@ -483,7 +451,6 @@ def test_render_unwritable_output_and_missing_mesh(run_cli, tmp_path):
 
 
 def test_bench_prints_a_table_row_per_builder(run_cli, boxes_ply):
-    pytest.importorskip("cpu_reference.wald_havran")
     code, out, err = run_cli("bench", boxes_ply, "--no-scenes", "--builders", "numpy,reference",
                              "--repeat", "1", "--rays", "500")
     assert code == 0, err
