@@ -327,11 +327,20 @@ class KdTreeTracer:
             from .raycast_gpu import intersect_gpu
 
             t, tri, u, v = intersect_gpu(self.tree, origin, direction, tmin, tmax)
-        else:
-            from .raycast import intersect
+            return HitQueue(hit_t=t, hit_tri=tri, hit_u=u, hit_v=v)
+        from .raycast import intersect
 
-            t, tri, u, v = intersect(self.tree, origin, direction, tmin, tmax, device="cpu")
-        return HitQueue(hit_t=t, hit_tri=tri, hit_u=u, hit_v=v)
+        # the CPU entry point validates every ray; masked entries (empty
+        # interval, possibly unset direction) are left out and reported as misses
+        live = np.flatnonzero(tmin <= tmax)
+        hit = HitQueue.allocate(np, origin.shape[0])
+        hit.hit_t[:] = np.inf
+        hit.hit_tri[:] = NO_HIT
+        if live.size:
+            t, tri, u, v = intersect(self.tree, origin[live], direction[live], tmin[live],
+                                     tmax[live], device="cpu")
+            hit.hit_t[live], hit.hit_tri[live], hit.hit_u[live], hit.hit_v[live] = t, tri, u, v
+        return hit
 
     def occluded(self, origin, direction, tmin, tmax):
         if self.device == "cuda":
@@ -340,7 +349,12 @@ class KdTreeTracer:
             return occluded_gpu(self.tree, origin, direction, tmin, tmax)
         from .raycast import occluded
 
-        return occluded(self.tree, origin, direction, tmin, tmax, device="cpu")
+        live = np.flatnonzero(tmin <= tmax)
+        blocked = np.zeros(origin.shape[0], dtype=bool)
+        if live.size:
+            blocked[live] = occluded(self.tree, origin[live], direction[live], tmin[live],
+                                     tmax[live], device="cpu")
+        return blocked
 
 
 class BruteForceTracer:

@@ -1,0 +1,386 @@
+"""Path tracer benchmark: samples per second, and frame time against maximum depth.
+
+Run (GPU; the CPU works for tiny sizes)::
+
+    PYTHONPATH=. python benchmarks/bench_render.py --out OUT \\
+        --scenes cornell+stanford_bunny conference --size 1920x1080 --spp 16 \\
+        --depths 1 2 3 4 5 6 7 8 9 10 20 50 100 --frames 5
+
+Scenes: ``cornell`` (the built-in Cornell box), ``cornell+<mesh>`` (a mesh
+placed on its floor), ``<mesh>`` (the mesh alone, with the default camera
+framing it and an emissive quad above it, :func:`kdtree_gpu.render_scene.mesh_scene`),
+``furnace``. Meshes are read from ``--mesh-dir`` (default
+``$KDTREE_GPU_MESH_DIR``).
+
+Two experiments per scene:
+
+* throughput: one warm-up render, then ``--repeats`` renders of ``--spp``
+  samples at ``--max-depth`` (median wall time from the first launch to the
+  image on the host); samples/s and rays/s (closest + shadow rays);
+* depth sweep (GAPT part 11, Figure 17): frame time of one sample per pixel
+  for each maximum depth in ``--depths``, with and without compaction of the
+  live paths, median of ``--frames`` frames, plus one profiled frame per
+  setting for the per-stage breakdown.
+
+Outputs under ``--out``: ``render_bench.json`` (every record, device, commit,
+date), ``render_bench.md`` (tables) and ``render_depth_sweep.png`` (plot).
+Timings are measured, never asserted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from kdtree_gpu import render as R  # noqa: E402
+from kdtree_gpu.render_scene import Camera, RenderScene, furnace_scene, mesh_scene  # noqa: E402
+
+DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100)
+
+
+# --- inputs ------------------------------------------------------------------------
+def mesh_folder(path=None) -> Path:
+    folder = path or os.environ.get("KDTREE_GPU_MESH_DIR") or "/work/shared/meshes"
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise SystemExit(f"mesh folder {folder} not found: pass --mesh-dir or set KDTREE_GPU_MESH_DIR")
+    return folder
+
+
+def read_ply(path):
+    """The meshes' binary PLY layout (see the mesh folder's MANIFEST.md)."""
+    data = Path(path).read_bytes()
+    end = data.index(b"end_header\n") + len(b"end_header\n")
+    header = data[:end].decode("ascii").split("\n")
+    nv = int(next(h for h in header if h.startswith("element vertex")).split()[2])
+    nf = int(next(h for h in header if h.startswith("element face")).split()[2])
+    V = np.frombuffer(data, "<f4", nv * 3, end).reshape(nv, 3)
+    F = np.frombuffer(data, [("n", "u1"), ("i", "<i4", 3)], nf, end + nv * 12)["i"]
+    return np.ascontiguousarray(V, np.float32), np.ascontiguousarray(F, np.int32)
+
+
+def load_mesh(name: str, folder: Path):
+    path = folder / (name if name.endswith(".ply") else name + ".ply")
+    if not path.is_file():
+        raise SystemExit(f"no mesh {path}")
+    try:
+        from kdtree_gpu.mesh import load_mesh as package_load_mesh
+    except ImportError:
+        return read_ply(path)
+    return package_load_mesh(path)
+
+
+def cornell_fallback(folder: Path, mesh=None) -> RenderScene:
+    """Cornell box from ``cornell_box.ply`` when :mod:`kdtree_gpu.scenes` is missing.
+
+    Materials by position: the small quad under the ceiling emits, the left
+    wall (x = -1) is red, the right wall (x = 1) green, the rest white. A mesh
+    is scaled to 0.6 of the floor's width and stood on the floor at its center.
+    """
+    V, F = read_ply(folder / "cornell_box.ply")
+    P = V[F].astype(np.float64)
+    centroid = P.mean(axis=1)
+    area = 0.5 * np.linalg.norm(np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0]), axis=1)
+    flat_y = np.ptp(P[:, :, 1], axis=1) < 1e-6
+    material = np.zeros(len(F), np.int32)
+    material[(centroid[:, 0] < -0.99) & (np.ptp(P[:, :, 0], axis=1) < 1e-3)] = 1
+    material[(centroid[:, 0] > 0.98) & (np.ptp(P[:, :, 0], axis=1) < 1e-3)] = 2
+    material[flat_y & (centroid[:, 1] > 1.9) & (area < 0.2)] = 3
+    albedo = [[0.725, 0.71, 0.68], [0.63, 0.065, 0.05], [0.14, 0.45, 0.091], [0.78, 0.78, 0.78]]
+    emission = [[0, 0, 0], [0, 0, 0], [0, 0, 0], [17.0, 12.0, 4.0]]
+    if mesh is not None:
+        MV, MF = mesh
+        MV = MV.astype(np.float64)
+        lo, hi = MV.min(0), MV.max(0)
+        scale = 1.2 / max(hi[0] - lo[0], hi[2] - lo[2], 0.8 * (hi[1] - lo[1]))
+        center = 0.5 * (lo + hi)
+        MV = (MV - [center[0], lo[1], center[2]]) * scale + [0.0, 0.001, 0.0]
+        F = np.concatenate([F, MF + len(V)])
+        V = np.concatenate([V, MV.astype(np.float32)])
+        material = np.concatenate([material, np.zeros(len(MF), np.int32)])
+    camera = Camera(position=(0.0, 1.0, 3.4), look_at=(0.0, 1.0, 0.0), vfov_degrees=45.0)
+    return RenderScene(V, F, material, albedo, emission, camera, name="cornell (fallback)")
+
+
+def make_scene(spec: str, folder: Path) -> RenderScene:
+    """A scene from its name (see the module docstring)."""
+    if spec == "furnace":
+        return furnace_scene(0.5)
+    if spec == "cornell" or spec.startswith("cornell+"):
+        mesh = load_mesh(spec.split("+", 1)[1], folder) if "+" in spec else None
+        try:
+            from kdtree_gpu import scenes
+        except ImportError:
+            scene = cornell_fallback(folder, mesh)
+        else:
+            obj = scenes.cornell_box() if mesh is None else scenes.cornell_box_with(*mesh)
+            scene = R.as_render_scene(obj)
+        scene.name = spec
+        return scene
+    V, F = load_mesh(spec, folder)
+    return mesh_scene(V, F, name=spec)
+
+
+def parse_size(text: str):
+    w, _, h = text.lower().partition("x")
+    return int(w), int(h or w)
+
+
+# --- measurements ------------------------------------------------------------------------
+def measure_throughput(renderer, spp, max_depth, repeats=3, compaction=True, seed=0):
+    """Median wall time of ``repeats`` renders (after a warm-up) and the derived rates.
+
+    Returns
+    -------
+    dict
+        Settings, ``seconds`` (median), ``samples_per_second``,
+        ``rays_per_second`` (closest + shadow), ``paths_per_depth`` and
+        ``stages`` of a separate profiled render.
+    """
+    renderer.render(spp=1, max_depth=max_depth, compaction=compaction, seed=seed, profile=False)
+    times = []
+    result = None
+    for r in range(repeats):
+        result = renderer.render(spp=spp, max_depth=max_depth, compaction=compaction,
+                                 seed=seed + 1 + r, profile=False)
+        times.append(result.stats["seconds"])
+    seconds = statistics.median(times)
+    profiled = renderer.render(spp=spp, max_depth=max_depth, compaction=compaction, seed=seed,
+                               profile=True)
+    pixels = renderer.width * renderer.height
+    rays = result.stats["rays"] + result.stats["shadow_rays"]
+    return {
+        "experiment": "throughput",
+        "scene": renderer.scene.name,
+        "num_triangles": renderer.scene.num_triangles,
+        "width": renderer.width,
+        "height": renderer.height,
+        "spp": spp,
+        "max_depth": max_depth,
+        "compaction": compaction,
+        "seconds": seconds,
+        "seconds_all": times,
+        "samples_per_second": pixels * spp / seconds,
+        "rays_per_second": rays / seconds,
+        "closest_rays": result.stats["rays"],
+        "shadow_rays": result.stats["shadow_rays"],
+        "paths_per_depth": result.stats["paths_per_depth"],
+        "build_seconds": renderer.build_seconds,
+        "stages": profiled.stats["stages"],
+        "profiled_seconds": profiled.stats["seconds"],
+    }
+
+
+def depth_sweep(renderer, depths=DEFAULT_DEPTHS, frames=5, seed=0, profile_depths=(10, 100)):
+    """Frame time (one sample per pixel) against maximum depth, with and without compaction.
+
+    Returns
+    -------
+    list of dict
+        One record per (depth, compaction): median ``frame_ms``, all frame
+        times, ``paths_per_depth``, ``queue_per_depth`` and, for depths in
+        ``profile_depths``, the per-stage profile of one more frame.
+    """
+    records = []
+    for compaction in (True, False):
+        renderer.render(spp=1, max_depth=max(depths), compaction=compaction, seed=seed,
+                        profile=False)  # warm-up: compile and allocate
+        for depth in depths:
+            times = []
+            result = None
+            for f in range(frames):
+                result = renderer.render(spp=1, max_depth=depth, compaction=compaction,
+                                         seed=seed + f, profile=False)
+                times.append(1000.0 * result.stats["seconds"])
+            record = {
+                "experiment": "depth_sweep",
+                "scene": renderer.scene.name,
+                "width": renderer.width,
+                "height": renderer.height,
+                "paths": renderer.width * renderer.height,
+                "max_depth": depth,
+                "compaction": compaction,
+                "frame_ms": statistics.median(times),
+                "frame_ms_all": times,
+                "paths_per_depth": result.stats["paths_per_depth"],
+                "queue_per_depth": result.stats["queue_per_depth"],
+            }
+            if depth in profile_depths:
+                profiled = renderer.render(spp=1, max_depth=depth, compaction=compaction,
+                                           seed=seed, profile=True)
+                record["stages"] = profiled.stats["stages"]
+            records.append(record)
+    return records
+
+
+# --- reports ----------------------------------------------------------------------------------
+def environment() -> dict:
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    try:
+        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                        text=True, cwd=Path(__file__).parent).stdout.strip()
+    except OSError:
+        info["commit"] = ""
+    try:
+        from kdtree_gpu.backend import device_memory_info, gpu_available
+
+        if gpu_available():
+            import cupy
+
+            info["device"] = device_memory_info()["name"]
+            info["cupy"] = cupy.__version__
+        else:
+            info["device"] = "cpu"
+    except Exception as exc:  # pragma: no cover - reporting only
+        info["device"] = f"unknown ({exc})"
+    return info
+
+
+def stage_table(stages: dict, title: str) -> str:
+    lines = [f"**{title}**", "", "| stage | launches | total ms | share |", "|---|---:|---:|---:|"]
+    for name, s in stages.items():
+        lines.append(f"| {name} | {s['launches']} | {s['total_ms']:.2f} | {100 * s['share']:.1f}% |")
+    return "\n".join(lines)
+
+
+def markdown_report(env: dict, throughput: list, sweep: list, extra: str = "") -> str:
+    out = [f"# Path tracer benchmark", "",
+           f"Device: {env.get('device')}, commit {env.get('commit')}, {env.get('date')}.", ""]
+    if extra:
+        out += [extra, ""]
+    if throughput:
+        out += ["## Throughput", "",
+                "| scene | triangles | size | spp | max depth | seconds | Msamples/s | Mrays/s |",
+                "|---|---:|---|---:|---:|---:|---:|---:|"]
+        for r in throughput:
+            out.append(f"| {r['scene']} | {r['num_triangles']:,} | {r['width']}x{r['height']} | "
+                       f"{r['spp']} | {r['max_depth']} | {r['seconds']:.3f} | "
+                       f"{r['samples_per_second'] / 1e6:.2f} | {r['rays_per_second'] / 1e6:.1f} |")
+        out.append("")
+        for r in throughput:
+            out += [stage_table(r["stages"], f"{r['scene']}: stages of one profiled render"), ""]
+    if sweep:
+        scenes = sorted({r["scene"] for r in sweep})
+        for scene in scenes:
+            rows = [r for r in sweep if r["scene"] == scene]
+            by_depth = {}
+            for r in rows:
+                by_depth.setdefault(r["max_depth"], {})[r["compaction"]] = r
+            paths = rows[0]["paths"]
+            out += [f"## Frame time against maximum depth: {scene}, {paths:,} paths per frame", "",
+                    "| max depth | with compaction ms | without ms | speed-up | live paths at last depth |",
+                    "|---:|---:|---:|---:|---:|"]
+            for depth in sorted(by_depth):
+                on, off = by_depth[depth].get(True), by_depth[depth].get(False)
+                if on is None or off is None:
+                    continue
+                out.append(f"| {depth} | {on['frame_ms']:.2f} | {off['frame_ms']:.2f} | "
+                           f"{off['frame_ms'] / on['frame_ms']:.2f}x | {on['paths_per_depth'][-1]:,} |")
+            out.append("")
+            for r in rows:
+                if "stages" in r:
+                    mode = "with" if r["compaction"] else "without"
+                    out += [stage_table(r["stages"], f"{scene}, max depth {r['max_depth']}, "
+                                                     f"{mode} compaction: stages of one frame"), ""]
+    return "\n".join(out) + "\n"
+
+
+def plot_sweep(sweep: list, path: Path) -> bool:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    scenes = sorted({r["scene"] for r in sweep})
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    for scene in scenes:
+        for compaction, style in ((True, "o-"), (False, "s--")):
+            rows = sorted((r for r in sweep if r["scene"] == scene and r["compaction"] == compaction),
+                          key=lambda r: r["max_depth"])
+            if not rows:
+                continue
+            label = f"{scene}, {'with' if compaction else 'without'} compaction"
+            axes[0].plot([r["max_depth"] for r in rows], [r["frame_ms"] for r in rows], style, label=label)
+            axes[1].plot([r["max_depth"] for r in rows], [1000.0 / r["frame_ms"] for r in rows], style,
+                         label=label)
+    for ax, ylabel in ((axes[0], "frame time (ms)"), (axes[1], "frames per second")):
+        ax.set_xscale("symlog", linthresh=10)
+        ax.set_xlabel("maximum depth")
+        ax.set_ylabel(ylabel)
+        ax.grid(True, alpha=0.3)
+    axes[1].legend(fontsize=8)
+    paths = sweep[0]["paths"] if sweep else 0
+    fig.suptitle(f"One sample per pixel ({paths:,} paths per frame), with and without compaction")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return True
+
+
+def write_json(path: Path, data) -> None:
+    tmp = path.with_suffix(path.suffix + ".tmp")
+    tmp.write_text(json.dumps(data, indent=1, default=float))
+    os.replace(tmp, path)
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--out", required=True, help="output folder")
+    parser.add_argument("--mesh-dir", default=None)
+    parser.add_argument("--scenes", nargs="+", default=["cornell+stanford_bunny", "conference"])
+    parser.add_argument("--size", default="1920x1080", help="throughput image size WxH")
+    parser.add_argument("--spp", type=int, default=16)
+    parser.add_argument("--max-depth", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--sweep-scenes", nargs="*", default=["cornell+stanford_bunny"])
+    parser.add_argument("--sweep-size", default="1024x1024", help="depth sweep image size (1 spp)")
+    parser.add_argument("--depths", type=int, nargs="+", default=list(DEFAULT_DEPTHS))
+    parser.add_argument("--frames", type=int, default=5)
+    parser.add_argument("--device", default="auto")
+    return parser.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    folder = mesh_folder(args.mesh_dir)
+    env = environment()
+    print(f"device {env['device']}, commit {env['commit']}", flush=True)
+    width, height = parse_size(args.size)
+    throughput = []
+    for spec in args.scenes:
+        renderer = R.Renderer(make_scene(spec, folder), width, height, device=args.device)
+        record = measure_throughput(renderer, args.spp, args.max_depth, repeats=args.repeats)
+        throughput.append(record)
+        print(f"{spec}: {record['samples_per_second'] / 1e6:.2f} Msamples/s, "
+              f"{record['rays_per_second'] / 1e6:.1f} Mrays/s", flush=True)
+    sweep = []
+    sweep_w, sweep_h = parse_size(args.sweep_size)
+    for spec in args.sweep_scenes:
+        renderer = R.Renderer(make_scene(spec, folder), sweep_w, sweep_h, device=args.device)
+        sweep += depth_sweep(renderer, args.depths, frames=args.frames)
+    write_json(out / "render_bench.json", {"environment": env, "throughput": throughput,
+                                           "depth_sweep": sweep})
+    (out / "render_bench.md").write_text(markdown_report(env, throughput, sweep))
+    if sweep:
+        plot_sweep(sweep, out / "render_depth_sweep.png")
+    print((out / "render_bench.md").read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
