@@ -126,7 +126,7 @@ def test_gpu_launch_profile_and_debug():
 
     kernel = get_function("primitives.cu", "kd_segmented_min_u32")
     n = 10000
-    key = cupy.arange(n, 0, -1, dtype=cupy.uint32)
+    key = cupy.arange(n, 0, -1, dtype=cupy.int64).astype(cupy.uint32)
     segment = cupy.zeros(n, dtype=cupy.int32)
     out = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
     with L.profiling() as prof:
