@@ -98,7 +98,7 @@ def resolve_config(config) -> SAHConfig:
 
 
 def build_arrays(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_intersect,
-                 empty_bonus, leaf_size, max_depth, longest_only, clip):
+                 empty_bonus, leaf_size, max_depth, longest_only, clip, pool_capacity=0):
     """Run the compiled build on prepared mesh arrays.
 
     Parameters
@@ -111,6 +111,10 @@ def build_arrays(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_
     k_traversal, k_intersect, empty_bonus : float
     leaf_size, max_depth : int
     longest_only, clip : bool
+    pool_capacity : int
+        Initial events per axis in the event pools (they grow as needed);
+        0 chooses three times the root's events. Tests use a small value to
+        exercise the growth.
 
     Returns
     -------
@@ -123,7 +127,7 @@ def build_arrays(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_
     return _build(
         vertices, faces, tri_lo, tri_hi, valid, np.ascontiguousarray(bounds, dtype=np.float32),
         float(k_traversal), float(k_intersect), float(empty_bonus),
-        int(leaf_size), int(max_depth), bool(longest_only), bool(clip),
+        int(leaf_size), int(max_depth), bool(longest_only), bool(clip), int(pool_capacity),
     )
 
 
@@ -468,7 +472,7 @@ def _grow_1d(arr, capacity):
 
 @numba.njit(cache=True)
 def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_intersect,
-           empty_bonus, leaf_size, max_depth, longest_only, clip):
+           empty_bonus, leaf_size, max_depth, longest_only, clip, pool_capacity):
     num_triangles = faces.shape[0]
 
     # --- root events, sorted once per axis (Wald & Havran §4.2)
@@ -480,6 +484,8 @@ def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_inters
             if valid[t]:
                 root_count[k] += 1 if tri_lo[t, k] == tri_hi[t, k] else 2
         capacity = max(capacity, 3 * root_count[k] + 16)
+    if pool_capacity > 0:
+        capacity = max(pool_capacity, root_count.max())
     pool_pos = np.empty((3, capacity), dtype=np.float32)
     pool_kind = np.empty((3, capacity), dtype=np.int8)
     pool_tri = np.empty((3, capacity), dtype=np.int32)
@@ -610,7 +616,7 @@ def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_inters
         # children need at most twice the node's events; make room above its segment
         need = 0
         for k in range(3):
-            used[k] = seg_start[k]
+            used[k] = seg_start[k] + seg_count[k]
             need = max(need, seg_start[k] + 2 * seg_count[k])
         if need > pool_pos.shape[1]:
             pool_pos, pool_kind, pool_tri = grow_pools(
