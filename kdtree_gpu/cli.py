@@ -625,19 +625,27 @@ def pipeline_name(device: str) -> str:
     return "GPU pipeline" if device == "cuda" else "NumPy pipeline"
 
 
-def build_tree(vertices, faces, config: SAHConfig, device: str, profile: bool = False):
+def build_tree(vertices, faces, config: SAHConfig, device: str, profile: bool = False,
+               cpu_fallback: bool = False):
     """Build with the level-by-level builder; returns ``(tree, build_ms)``.
 
     ``build_ms`` is the wall time of the whole call (validation, upload,
-    build, download), as a user sees it.
+    build, download), as a user sees it. With ``cpu_fallback`` (the user
+    said ``--device auto``), settings the GPU builder does not implement are
+    built on the CPU after a warning.
     """
     import kdtree_gpu
 
+    options = {"profile": True} if profile else {}
     start = time.perf_counter()
-    if profile:
-        tree = kdtree_gpu.build(vertices, faces, config=config, device=device, profile=True)
-    else:
-        tree = kdtree_gpu.build(vertices, faces, config=config, device=device)
+    try:
+        tree = kdtree_gpu.build(vertices, faces, config=config, device=device, **options)
+    except NotImplementedError as exc:
+        if not (cpu_fallback and device == "cuda"):
+            raise
+        print_warning(f"building on the CPU: {exc}")
+        start = time.perf_counter()
+        tree = kdtree_gpu.build(vertices, faces, config=config, device="cpu", **options)
     return tree, (time.perf_counter() - start) * 1e3
 
 
@@ -840,7 +848,8 @@ def run_build(args) -> int:
                 raise CliError(f"{out} exists (use --force to overwrite)")
             _check_output_dir(out)
             vertices, faces = load_input(item)
-            tree, build_ms = build_tree(vertices, faces, config, device, profile=args.profile)
+            tree, build_ms = build_tree(vertices, faces, config, device, profile=args.profile,
+                                        cpu_fallback=args.device == "auto")
             tree.save(out)
             summary = summarize_tree(tree)
         except KeyboardInterrupt:
@@ -858,7 +867,7 @@ def run_build(args) -> int:
         progress.clear()
         if args.json:
             record = {"mesh": str(item.path or item.label), "ok": True, "output": str(out),
-                      "device": device, "build_ms": build_ms, "config": config.to_dict()}
+                      "device": tree.build_info.get("device", device), "build_ms": build_ms, "config": config.to_dict()}
             record.update(summary)
             if args.profile:
                 record["profile"] = tree.build_info.get("profile")
@@ -941,7 +950,8 @@ def run_verify(args) -> int:
             reasons.append(f"{name} raised {type(exc).__name__}: {describe_error(exc)}")
             return None
 
-    built = step(pipeline_name(device), lambda: build_tree(vertices, faces, config, device))
+    built = step(pipeline_name(device), lambda: build_tree(
+        vertices, faces, config, device, cpu_fallback=args.device == "auto"))
     reference = step("CPU reference", lambda: build_reference(vertices, faces, config))
     lines = []
     if built is not None:

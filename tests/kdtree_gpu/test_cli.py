@@ -399,9 +399,10 @@ def test_verify_passes_on_a_good_builder(run_cli, boxes_ply):
 def test_verify_fails_with_reasons_on_a_wrong_tree(run_cli, boxes_ply, monkeypatch):
     real_build_tree = cli.build_tree
 
-    def build_with_other_settings(vertices, faces, config, device):
+    def build_with_other_settings(vertices, faces, config, device, **options):
         # a different cost model makes a different tree than the reference
-        return real_build_tree(vertices, faces, kdtree_gpu.SAHConfig(leaf_size=1000), device)
+        return real_build_tree(vertices, faces, kdtree_gpu.SAHConfig(leaf_size=1000), device,
+                               **options)
 
     monkeypatch.setattr(cli, "build_tree", build_with_other_settings)
     code, out, err = run_cli("verify", boxes_ply, "--rays", "500", "--device", "cpu", "--json")
