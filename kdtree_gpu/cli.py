@@ -462,11 +462,27 @@ def mesh_dir() -> Optional[Path]:
     return Path(value) if value else None
 
 
-def scene_names() -> list:
-    """Names of the built-in scenes (``kdtree_gpu.scenes``)."""
+def scene_factories() -> dict:
+    """Built-in scenes by command-line name: ``{name: function returning the scene}``.
+
+    ``cornell`` is :func:`kdtree_gpu.scenes.cornell_box`; any other entries of
+    ``kdtree_gpu.scenes.SCENES`` are added under their own names.
+    """
     from . import scenes
 
-    return list(scenes.SCENES)
+    table = {}
+    if hasattr(scenes, "cornell_box"):
+        table["cornell"] = scenes.cornell_box
+    for name, entry in dict(getattr(scenes, "SCENES", {}) or {}).items():
+        factory = entry if callable(entry) else getattr(scenes, str(name), None)
+        if callable(factory) and factory not in table.values():
+            table.setdefault(str(name), factory)
+    return table
+
+
+def scene_names() -> list:
+    """Names of the built-in scenes accepted where a mesh is expected."""
+    return list(scene_factories())
 
 
 def _has_glob(text: str) -> bool:
@@ -567,15 +583,22 @@ def load_input(item: MeshInput):
 
 
 def load_scene(name: str):
-    """A built-in scene by name."""
-    from . import scenes
-
-    return scenes.SCENES[name]()
+    """A built-in scene by name (see :func:`scene_factories`)."""
+    try:
+        factory = scene_factories()[name]
+    except (ImportError, KeyError):
+        raise CliError(f"no built-in scene {name!r}") from None
+    return factory()
 
 
 def scene_arrays(scene):
-    """Vertices and faces of a built-in scene object."""
-    return scene.vertices, scene.faces
+    """Vertices and faces of a built-in scene (an object with both, or a pair)."""
+    if hasattr(scene, "vertices") and hasattr(scene, "faces"):
+        return scene.vertices, scene.faces
+    if isinstance(scene, dict):
+        return scene["vertices"], scene["faces"]
+    vertices, faces = scene[:2]
+    return vertices, faces
 
 
 def config_from_args(args) -> SAHConfig:
