@@ -1,0 +1,250 @@
+"""Tests of the CPU ray queries (kdtree_gpu.raycast_cpu through kdtree_gpu.raycast)."""
+
+import numpy as np
+import pytest
+import trimesh
+
+from kdtree_gpu import raycast
+from kdtree_gpu.config import SAHConfig
+from kdtree_gpu.raycast_cpu import brute_cpu
+from kdtree_gpu.tree import KdTree
+
+from conftest import gpu_usable, require_mesh
+
+NUM_RAYS = 100_000
+
+
+def load_ply(path):
+    mesh = trimesh.load(path, process=False, force="mesh")
+    return np.asarray(mesh.vertices, np.float32), np.asarray(mesh.faces, np.int32)
+
+
+def random_rays(bounds, n, rng, with_intervals=True):
+    """Rays from a box 1.5 times the mesh box toward random points of the mesh box.
+
+    Directions are not normalized (lengths vary). With ``with_intervals`` a
+    third of the rays get a random finite ``[tmin, tmax]`` around the target.
+    """
+    lo, hi = bounds.astype(np.float64)
+    centre, size = 0.5 * (lo + hi), hi - lo
+    origins = centre + (rng.random((n, 3)) - 0.5) * size * 1.5
+    targets = lo + rng.random((n, 3)) * size
+    directions = (targets - origins) * rng.uniform(0.5, 2.0, (n, 1))
+    tmin = np.zeros(n)
+    tmax = np.full(n, np.inf)
+    if with_intervals:
+        part = rng.random(n) < 1 / 3
+        tmin[part] = rng.uniform(0.0, 0.6, part.sum())
+        tmax[part] = tmin[part] + rng.uniform(0.0, 0.8, part.sum())
+    return (origins.astype(np.float32), directions.astype(np.float32),
+            tmin.astype(np.float32), tmax.astype(np.float32))
+
+
+def assert_same_hits(result, expected, rtol=1e-5):
+    """Equal triangles, except where the two t values tie within ``rtol``."""
+    t, tri, u, v = result
+    t_ref, tri_ref, u_ref, v_ref = expected
+    hit = tri_ref >= 0
+    np.testing.assert_array_equal(tri >= 0, hit)
+    assert np.all(np.isinf(t[~hit])) and np.all(u[~hit] == 0) and np.all(v[~hit] == 0)
+    np.testing.assert_allclose(t[hit], t_ref[hit], rtol=rtol)
+    differ = tri != tri_ref
+    with np.errstate(invalid="ignore"):  # inf - inf on rays that miss
+        tie = np.abs(t - t_ref) <= rtol * np.abs(t_ref)
+    assert not np.any(differ & ~tie), np.flatnonzero(differ & ~tie)[:10]
+    same = ~differ
+    np.testing.assert_array_equal(t[same], t_ref[same])
+    np.testing.assert_array_equal(u[same], u_ref[same])
+    np.testing.assert_array_equal(v[same], v_ref[same])
+
+
+@pytest.mark.parametrize("name", ["suzanne.ply", "stanford_bunny.ply", "sponza_dabrovic.ply"])
+def test_traversal_equals_brute_force(name, make_tree, rng):
+    V, F = load_ply(require_mesh(name))
+    tree = make_tree(V, F)
+    O, D, tmin, tmax = random_rays(tree.bounds, NUM_RAYS, rng)
+    result = tree.intersect(O, D, tmin, tmax)
+    expected = raycast.intersect_brute(tree, O, D, tmin=tmin, tmax=tmax)
+    assert 0.2 < np.mean(expected[1] >= 0) < 1.0  # a mix of hits and misses
+    assert_same_hits(result, expected)
+    hit_any = tree.occluded(O, D, tmin, tmax)
+    np.testing.assert_array_equal(hit_any, raycast.occluded_brute(tree, O, D, tmin=tmin, tmax=tmax))
+    np.testing.assert_array_equal(hit_any, expected[1] >= 0)
+
+
+@pytest.mark.parametrize("name, num_rays", [("suzanne.ply", 20_000), ("stanford_bunny.ply", 400)])
+def test_brute_force_culling_changes_nothing(name, num_rays, rng):
+    V, F = load_ply(require_mesh(name))
+    lo, hi = V.min(axis=0), V.max(axis=0)
+    O, D, tmin, tmax = random_rays(np.stack([lo, hi]), num_rays, rng)
+    culled = brute_cpu(V, F, O, D, tmin, tmax, cull=True)
+    exhaustive = brute_cpu(V, F, O, D, tmin, tmax, cull=False)
+    for a, b in zip(culled, exhaustive):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_traversal_equals_brute_force_on_random_soup(make_tree, rng):
+    # long thin and overlapping triangles: many references per triangle
+    V = rng.normal(size=(3000, 3)).astype(np.float32)
+    F = rng.integers(0, 3000, (1000, 3)).astype(np.int32)
+    tree = make_tree(V, F)
+    O, D, tmin, tmax = random_rays(tree.bounds, 20_000, rng)
+    assert_same_hits(tree.intersect(O, D, tmin, tmax),
+                     raycast.intersect_brute(V, F, O, D, tmin=tmin, tmax=tmax))
+
+
+def icosphere_rays(subdivisions):
+    mesh = trimesh.creation.icosphere(subdivisions=subdivisions)
+    V = np.asarray(mesh.vertices, np.float32)
+    F = np.asarray(mesh.faces, np.int32)
+    edges = np.asarray(mesh.edges_unique)
+    targets = np.concatenate([V.astype(np.float64),
+                              0.5 * (V[edges[:, 0]].astype(np.float64) + V[edges[:, 1]])])
+    return V, F, targets
+
+
+@pytest.mark.parametrize("origin", [(0.0, 0.0, 0.0), (0.1, -0.2, 0.05)])
+def test_rays_through_vertices_and_edges_never_escape(origin, make_tree):
+    V, F, targets = icosphere_rays(subdivisions=3)
+    tree = make_tree(V, F)
+    O = np.tile(np.float32(origin), (targets.shape[0], 1))
+    D = (targets - O).astype(np.float32)
+    t, tri, _, _ = tree.intersect(O, D)
+    assert np.all(tri >= 0), f"{int(np.sum(tri < 0))} rays escaped"
+    assert np.all(tree.occluded(O, D))
+    t_ref, tri_ref, _, _ = raycast.intersect_brute(tree, O, D)
+    assert np.all(tri_ref >= 0)
+    # the hit lies on the sphere (radius 1 up to the mesh's flattening)
+    points = O + t[:, None] * D
+    assert np.all(np.abs(np.linalg.norm(points, axis=1) - 1) < 0.02)
+
+
+def test_rays_from_outside_through_vertices_hit(make_tree):
+    V, F, targets = icosphere_rays(subdivisions=2)
+    tree = make_tree(V, F)
+    O = (targets * 3.0).astype(np.float32)
+    D = (targets - O).astype(np.float32)
+    _, tri, _, _ = tree.intersect(O, D)
+    assert np.all(tri >= 0)
+
+
+def one_triangle_tree():
+    V = np.array([[-1, -1, 1], [1, -1, 1], [-1, 1, 1]], np.float32)
+    F = np.array([[0, 1, 2]], np.int32)
+    return KdTree(np.array([3], np.int8), np.zeros(1, np.float32), np.zeros(1, np.int32),
+                  np.ones(1, np.int32), np.zeros(1, np.int32),
+                  np.array([[-1, -1, 1], [1, 1, 1]], np.float32), V, F, SAHConfig())
+
+
+def test_tmin_tmax_are_inclusive_and_respected():
+    tree = one_triangle_tree()
+    O = np.zeros((6, 3), np.float32)
+    D = np.tile(np.float32([0, 0, 1]), (6, 1))
+    tmin = np.float32([0, 0, 1, 1.001, 0, -5])
+    tmax = np.float32([np.inf, 1, 1, 2, 0.999, -1])
+    t, tri, _, _ = tree.intersect(O, D, tmin, tmax)
+    np.testing.assert_array_equal(tri, [0, 0, 0, -1, -1, -1])
+    np.testing.assert_array_equal(t[:3], [1, 1, 1])
+    np.testing.assert_array_equal(tree.occluded(O, D, tmin, tmax), tri >= 0)
+
+
+def test_direction_length_scales_t_and_backfaces_count():
+    tree = one_triangle_tree()
+    t, tri, u, v = tree.intersect([0, 0, 0], [0, 0, 2])
+    assert t.shape == (1,) and tri[0] == 0 and t[0] == 0.5
+    # from behind (two-sided), with tmin below 0: the hit at t = -0.5 counts
+    t, tri, _, _ = tree.intersect([0, 0, 3], [0, 0, -4], tmin=-10.0)
+    assert tri[0] == 0 and t[0] == 0.5
+    t, tri, _, _ = tree.intersect([0, 0, 0], [0, 0, -1], tmin=-10.0)
+    assert tri[0] == 0 and t[0] == -1.0
+
+
+def test_barycentrics_are_weights_of_v1_and_v2(rng):
+    tree = one_triangle_tree()
+    V = tree.vertices.astype(np.float64)
+    w = rng.dirichlet([1, 1, 1], size=500)
+    points = w @ V
+    O = (points + rng.normal(size=(500, 3)) * 0.5 + [0, 0, 2]).astype(np.float32)
+    D = (points - O).astype(np.float32)
+    t, tri, u, v = tree.intersect(O, D)
+    assert np.all(tri == 0)
+    rebuilt = (1 - u - v)[:, None] * V[0] + u[:, None] * V[1] + v[:, None] * V[2]
+    np.testing.assert_allclose(rebuilt, O + t[:, None] * D, atol=1e-5)
+    np.testing.assert_allclose(u, w[:, 1], atol=1e-5)
+    np.testing.assert_allclose(v, w[:, 2], atol=1e-5)
+
+
+def test_misses_and_equal_t_ties(make_tree):
+    # two copies of one square (four triangles); a ray hits a copy of each
+    V = np.array([[0, 0, 0], [1, 0, 0], [1, 1, 0], [0, 1, 0]], np.float32)
+    F = np.array([[0, 1, 2], [0, 2, 3], [0, 1, 2], [0, 2, 3]], np.int32)
+    tree = make_tree(V, F)
+    O = np.float32([[0.7, 0.2, 1], [0.2, 0.7, 1], [5, 5, 1]])
+    D = np.float32([[0, 0, -1]] * 3)
+    t, tri, u, v = tree.intersect(O, D)
+    np.testing.assert_array_equal(tri, [0, 1, -1])
+    assert t[2] == np.inf and u[2] == 0 and v[2] == 0
+    np.testing.assert_array_equal(raycast.intersect_brute(V, F, O, D)[1], [0, 1, -1])
+
+
+@pytest.mark.parametrize("origins, directions, kwargs, message", [
+    ([[0, 0, np.nan]], [[0, 0, 1]], {}, "ray 0 has a NaN or infinite value in its origin"),
+    ([[0, 0, 0], [0, 0, 0]], [[0, 0, 1], [np.inf, 0, 1]], {}, "ray 1 .* direction"),
+    ([[0, 0, 0], [0, 0, 0]], [[0, 0, 1], [0, 0, 0]], {}, "ray 1 has a zero-length direction"),
+    ([[0, 0, 0]], [[0, 0, 1]], {"tmin": 2.0, "tmax": 1.0}, "tmin > tmax"),
+    ([[0, 0, 0]], [[0, 0, 1]], {"tmin": np.nan}, "NaN tmin"),
+    ([[0, 0, 0]], [[0, 0, 1]], {"tmax": np.zeros(3)}, "tmax must be a scalar or have shape"),
+    ([[0, 0, 0, 0]], [[0, 0, 1, 0]], {}, r"origins must have shape \(num_rays, 3\)"),
+    ([[0, 0, 0]] * 2, [[0, 0, 1]], {}, "origins has 2 rays but directions has 1"),
+    ([[0, 0, 0]], [[0, 0, 1]], {"device": "tpu"}, "device must be one of"),
+])
+def test_bad_rays_raise(origins, directions, kwargs, message):
+    tree = one_triangle_tree()
+    with pytest.raises(ValueError, match=message):
+        tree.intersect(np.array(origins, np.float64), np.array(directions, np.float64), **kwargs)
+    with pytest.raises(ValueError, match=message):
+        tree.occluded(np.array(origins, np.float64), np.array(directions, np.float64), **kwargs)
+
+
+@pytest.mark.skipif(gpu_usable(), reason="checks the error without a GPU")
+def test_cuda_without_gpu_is_a_clear_error():
+    with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
+        one_triangle_tree().intersect([[0, 0, 0]], [[0, 0, 1]], device="cuda")
+
+
+def test_empty_ray_batch():
+    t, tri, u, v = one_triangle_tree().intersect(np.zeros((0, 3)), np.zeros((0, 3)))
+    assert t.shape == tri.shape == (0,)
+
+
+@pytest.mark.gpu
+def test_gpu_equals_cpu(make_tree, rng):
+    import cupy
+
+    V, F = load_ply(require_mesh("stanford_bunny.ply"))
+    tree = make_tree(V, F)
+    O, D, tmin, tmax = random_rays(tree.bounds, NUM_RAYS, rng)
+    cpu = tree.intersect(O, D, tmin, tmax, device="cpu")
+    gpu_numpy = tree.intersect(O, D, tmin, tmax, device="cuda")
+    assert all(isinstance(a, np.ndarray) for a in gpu_numpy)
+    assert_same_hits(gpu_numpy, cpu)
+    gpu = tree.intersect(cupy.asarray(O), cupy.asarray(D), cupy.asarray(tmin), cupy.asarray(tmax))
+    assert all(isinstance(a, cupy.ndarray) for a in gpu)
+    assert_same_hits(tuple(a.get() for a in gpu), cpu)
+    np.testing.assert_array_equal(tree.occluded(cupy.asarray(O), cupy.asarray(D), tmin, tmax).get(),
+                                  tree.occluded(O, D, tmin, tmax))
+    brute = raycast.intersect_brute(tree, O, D, tmin=tmin, tmax=tmax, device="cuda")
+    assert_same_hits(brute, cpu)
+
+
+@pytest.mark.gpu
+def test_torch_cuda_tensors_come_back_as_torch():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("PyTorch has no CUDA")
+    tree = one_triangle_tree()
+    O = torch.zeros((2, 3), device="cuda")
+    D = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, -1.0]], device="cuda")
+    t, tri, u, v = tree.intersect(O, D)
+    assert isinstance(t, torch.Tensor) and t.is_cuda
+    assert tri.cpu().tolist() == [0, -1]
