@@ -83,16 +83,16 @@ def rays_through_points(points, rng, distance=1.0):
 
 
 def grid_edge_points(n, num, rng):
-    """Points on the vertices and edges of :func:`make_quad_grid` (on z = 0)."""
-    cells = rng.integers(0, n + 1, (num, 2)).astype(np.float32) / n
-    along = rng.random(num).astype(np.float32)
-    pick = rng.integers(0, 4, num)
-    x = np.where(pick == 1, along, cells[:, 0])  # horizontal edges
-    y = np.where(pick == 2, along, cells[:, 1])  # vertical edges
-    diag = pick == 3  # diagonals of the cells: x - cx == y - cy
-    x = np.where(diag, np.minimum(cells[:, 0] + along / n, 1.0), x)
-    y = np.where(diag, np.minimum(cells[:, 1] + along / n, 1.0), y)
-    return np.stack([x, y, np.zeros(num, np.float32)], 1).astype(np.float32)
+    """Points on the inner vertices and edges of :func:`make_quad_grid` (on z = 0).
+
+    The points stay a cell away from the border, where a ray may rightly miss.
+    """
+    corner = rng.integers(1, n - 1, (num, 2)).astype(np.float64)
+    along = rng.random(num)
+    pick = rng.integers(0, 4, num)  # vertex, edge along x, edge along y, cell diagonal
+    x = corner[:, 0] + np.where((pick == 1) | (pick == 3), along, 0.0)
+    y = corner[:, 1] + np.where((pick == 2) | (pick == 3), along, 0.0)
+    return np.stack([x / n, y / n, np.zeros(num)], 1).astype(np.float32)
 
 
 # --- comparison ------------------------------------------------------------------
