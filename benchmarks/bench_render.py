@@ -8,7 +8,9 @@ Run (GPU; the CPU works for tiny sizes)::
 
 Scenes: ``cornell`` (the built-in Cornell box), ``cornell+<mesh>`` (a mesh
 placed on its floor), ``<mesh>`` (the mesh alone, with the default camera
-framing it and an emissive quad above it, :func:`kdtree_gpu.render_scene.mesh_scene`),
+framing it from outside and an emissive quad above it,
+:func:`kdtree_gpu.render_scene.mesh_scene`), ``<mesh>@inside`` (the same
+with the interior camera and light, for rooms: ``conference@inside``),
 ``furnace``. Meshes are read from ``--mesh-dir`` (default
 ``$KDTREE_GPU_MESH_DIR``).
 
@@ -91,12 +93,14 @@ def cornell_fallback(folder: Path, mesh=None) -> RenderScene:
     V, F = read_ply(folder / "cornell_box.ply")
     P = V[F].astype(np.float64)
     centroid = P.mean(axis=1)
-    area = 0.5 * np.linalg.norm(np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0]), axis=1)
-    flat_y = np.ptp(P[:, :, 1], axis=1) < 1e-6
+    cross = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
+    area = 0.5 * np.linalg.norm(cross, axis=1)
+    normal = cross / np.maximum(2 * area, 1e-30)[:, None]
     material = np.zeros(len(F), np.int32)
-    material[(centroid[:, 0] < -0.99) & (np.ptp(P[:, :, 0], axis=1) < 1e-3)] = 1
-    material[(centroid[:, 0] > 0.98) & (np.ptp(P[:, :, 0], axis=1) < 1e-3)] = 2
-    material[flat_y & (centroid[:, 1] > 1.9) & (area < 0.2)] = 3
+    facing_x = np.abs(normal[:, 0]) > 0.9
+    material[facing_x & (centroid[:, 0] < -0.9)] = 1
+    material[facing_x & (centroid[:, 0] > 0.9)] = 2
+    material[(np.abs(normal[:, 1]) > 0.99) & (centroid[:, 1] > 1.9) & (area < 0.2)] = 3
     albedo = [[0.725, 0.71, 0.68], [0.63, 0.065, 0.05], [0.14, 0.45, 0.091], [0.78, 0.78, 0.78]]
     emission = [[0, 0, 0], [0, 0, 0], [0, 0, 0], [17.0, 12.0, 4.0]]
     if mesh is not None:
@@ -128,8 +132,10 @@ def make_scene(spec: str, folder: Path) -> RenderScene:
             scene = R.as_render_scene(obj)
         scene.name = spec
         return scene
-    V, F = load_mesh(spec, folder)
-    return mesh_scene(V, F, name=spec)
+    interior = spec.endswith("@inside")
+    mesh_name = spec[:-len("@inside")] if interior else spec
+    V, F = load_mesh(mesh_name, folder)
+    return mesh_scene(V, F, interior=interior, name=spec)
 
 
 def parse_size(text: str):

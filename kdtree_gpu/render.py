@@ -29,8 +29,10 @@ pdf ``p_bsdf`` for the same direction is weighted ``p_light^2 / (p_light^2 +
 p_bsdf^2)``; an emitter hit by the BSDF-sampled ray gets ``p_bsdf^2 /
 (p_light^2 + p_bsdf^2)``, where ``p_light`` is what light sampling would have
 given that point. Camera rays take emission with weight 1, and so do escaped
-rays (the background is not light-sampled). Emission and reflection are
-two-sided. Russian roulette starts at ``rr_start_depth``: a path survives with
+rays (the background is not light-sampled). Reflection is two-sided (the
+normal is turned toward the incoming ray); emission comes from the front face
+only (the side of ``(v1 - v0) x (v2 - v0)``) unless the scene sets
+``two_sided_emission``. Russian roulette starts at ``rr_start_depth``: a path survives with
 probability ``min(1, max(throughput))`` and its throughput is divided by it,
 which keeps the estimator unbiased (the furnace test in
 ``tests/kdtree_gpu/test_render.py`` checks this).
@@ -256,6 +258,8 @@ class DeviceScene:
     min_scale : float
         One hundredth of the scene diagonal: the floor of that scale near the
         coordinate origin.
+    two_sided : int
+        1 when both faces of an emitter emit, 0 for the front face only.
     """
 
     tri_vertex: object
@@ -271,6 +275,7 @@ class DeviceScene:
     background: tuple
     ray_epsilon: float
     min_scale: float
+    two_sided: int
 
     @property
     def num_lights(self) -> int:
@@ -304,6 +309,7 @@ def upload_scene(xp, scene: RenderScene, width: int, height: int,
         background=tuple(float(x) for x in scene.background),
         ray_epsilon=float(ray_epsilon),
         min_scale=max(1e-2 * diagonal, 1e-30),
+        two_sided=int(scene.two_sided_emission),
     )
 
 
@@ -561,6 +567,15 @@ def offset_origin(ctx: RenderContext, point, normal):
     return (point + (_f32(sc.ray_epsilon) * scale)[:, None] * normal).astype(np.float32)
 
 
+def emitter_cosine(ctx: RenderContext, normal, direction):
+    """Cosine at an emitter toward the receiver; <= 0 on the back of a one-sided emitter.
+
+    ``direction`` is that of the ray arriving at the emitter (k rows).
+    """
+    c = -ctx.xp.sum(normal * direction, axis=1)
+    return ctx.xp.abs(c) if ctx.scene.two_sided else c
+
+
 def _normalize_rows(xp, a):
     return (a / xp.sqrt(xp.sum(a * a, axis=1))[:, None]).astype(np.float32)
 
@@ -664,7 +679,8 @@ def add_emission(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int
     last = ctx.max_depth is not None and depth >= ctx.max_depth
     if ctx.use_kernels:
         _launch(ctx, "render: add emission", "kd_render_add_emission", queue.size, (
-            _i32(queue.size), _i32(depth), _i32(1 if last else 0), hit.hit_t, hit.hit_tri,
+            _i32(queue.size), _i32(depth), _i32(1 if last else 0), _i32(sc.two_sided),
+            hit.hit_t, hit.hit_tri,
             queue.ray_direction, queue.path_throughput, queue.path_bsdf_pdf, queue.path_pixel,
             sc.tri_normal, sc.tri_material, sc.material_emission, sc.tri_light_pmf,
             queue.path_alive, queue.ray_tmax, ctx.pass_radiance))
@@ -673,7 +689,9 @@ def add_emission(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int
         live = xp.flatnonzero(queue.path_alive != 0)
         tri = hit.hit_tri[live]
         emission = sc.material_emission[sc.tri_material[tri], :3]
-        emits = xp.flatnonzero(xp.max(emission, axis=1) > 0)
+        normal = sc.tri_normal[tri]
+        cos_light = emitter_cosine(ctx, normal[:, :3], queue.ray_direction[live])
+        emits = xp.flatnonzero((xp.max(emission, axis=1) > 0) & (cos_light > 0))
         if emits.shape[0]:
             rows = live[emits]
             tri_e = tri[emits]
@@ -681,12 +699,11 @@ def add_emission(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int
                 weight = xp.ones(rows.shape[0], dtype=np.float32)
             else:
                 t = hit.hit_t[rows]
-                normal = sc.tri_normal[tri_e]
-                cos_light = xp.abs(xp.sum(normal[:, :3] * queue.ray_direction[rows], axis=1))
-                area = normal[:, 3]
-                ok = (cos_light > 0) & (area > 0)
+                area = normal[emits, 3]
+                ok = area > 0
                 pdf_light = xp.where(ok, sc.tri_light_pmf[tri_e] * t * t
-                                     / xp.where(ok, area * cos_light, 1), np.inf).astype(np.float32)
+                                     / xp.where(ok, area * cos_light[emits], 1),
+                                     np.inf).astype(np.float32)
                 weight = _power_heuristic(xp, queue.path_bsdf_pdf[rows], pdf_light)
             radiance = queue.path_throughput[rows] * emission[emits] * weight[:, None]
             scatter_add_rows(xp, ctx.pass_radiance, queue.path_pixel[rows], radiance)
@@ -748,8 +765,8 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     shadow = ShadowQueue.allocate(xp, queue.size, zero=not ctx.use_kernels)
     if ctx.use_kernels:
         _launch(ctx, "render: expand light samples", "kd_render_expand_light_samples", queue.size, (
-            _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale), hit.hit_tri, hit.hit_u,
-            hit.hit_v,
+            _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale), _i32(sc.two_sided),
+            hit.hit_tri, hit.hit_u, hit.hit_v,
             queue.ray_direction, queue.path_throughput, queue.path_pixel, samples.light_tri,
             samples.light_u, samples.light_v, sc.tri_vertex, sc.tri_normal, sc.tri_material,
             sc.material_albedo, sc.material_emission, sc.tri_light_pmf, shadow.shadow_origin,
@@ -773,7 +790,7 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
         wi = (to_light / safe_distance[:, None]).astype(np.float32)
         cos_surface = xp.sum(normal * wi, axis=1)
         light_normal = sc.tri_normal[light]
-        cos_light = xp.abs(xp.sum(light_normal[:, :3] * wi, axis=1))
+        cos_light = emitter_cosine(ctx, light_normal[:, :3], wi)
         area = light_normal[:, 3]
         ok = (distance > 0) & (cos_surface > 0) & (cos_light > 0) & (area > 0)
         pdf_light = (sc.tri_light_pmf[light] * distance * distance

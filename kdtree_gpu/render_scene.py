@@ -10,9 +10,11 @@ default camera framing its bounds and a large emissive quad above it.
 
 Lights
 ------
-Every triangle whose material emits is an area light. Emission is two-sided
-(both faces emit ``Le``), as is the Lambertian reflection, so meshes with
-arbitrary winding render the same. Next-event estimation picks a light
+Every triangle whose material emits is an area light. Emission leaves the
+front face only, the side its normal ``(v1 - v0) x (v2 - v0)`` points to
+(as the Cornell box's light, wound to face down), unless
+``RenderScene.two_sided_emission`` is set. Lambertian reflection is two-sided,
+so reflecting meshes with arbitrary winding render the same. Next-event estimation picks a light
 triangle with probability proportional to its power (``luminance(Le) *
 area``) from an alias table (Vose's method) and a point uniformly on it.
 """
@@ -31,7 +33,7 @@ from .geometry import validate_mesh
 LUMINANCE_WEIGHTS = np.array([0.2126, 0.7152, 0.0722], dtype=np.float64)
 
 DEFAULT_ALBEDO = (0.7, 0.7, 0.7)
-DEFAULT_LIGHT_RADIANCE = (12.0, 12.0, 12.0)
+DEFAULT_LIGHT_RADIANCE = (2.0, 2.0, 2.0)
 DEFAULT_BACKGROUND = (0.0, 0.0, 0.0)
 
 
@@ -109,12 +111,15 @@ class RenderScene:
     material_albedo : (num_materials, 3) float32
         Lambertian reflectance per RGB channel, in ``[0, 1]``.
     material_emission : (num_materials, 3) float32
-        Emitted radiance ``Le`` per RGB channel (both faces), ``>= 0``.
+        Emitted radiance ``Le`` per RGB channel, ``>= 0``, from the front face
+        (see ``two_sided_emission``).
     camera : Camera
     background : (3,) float32
         Radiance of rays that leave the scene (not sampled by next-event
         estimation, so it is reached by BSDF sampling only).
     name : str
+    two_sided_emission : bool
+        Emitters emit from both faces (default: front face only).
     """
 
     vertices: np.ndarray
@@ -126,6 +131,7 @@ class RenderScene:
     background: np.ndarray = dataclasses.field(
         default_factory=lambda: np.array(DEFAULT_BACKGROUND, dtype=np.float32))
     name: str = "scene"
+    two_sided_emission: bool = False
 
     def __post_init__(self):
         self.vertices, self.faces = validate_mesh(self.vertices, self.faces)
@@ -203,14 +209,24 @@ def frame_bounds(bounds, vfov_degrees: float = 40.0, direction=(0.35, 0.45, 1.0)
 
 def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LIGHT_RADIANCE,
                background=(0.05, 0.05, 0.05), camera: Optional[Camera] = None,
-               name: str = "mesh") -> RenderScene:
+               interior: bool = False, name: str = "mesh") -> RenderScene:
     """Any mesh with default lights and camera.
 
-    The mesh gets material 0 (diffuse ``albedo``). A square emissive quad
-    (material 1, ``light_radiance``) with sides of the box diagonal is placed
-    one tenth of the box height above the mesh, centered over it, and a dim
-    ``background`` lights what the quad cannot see. The camera frames the
-    box from the front, slightly above and to the right (:func:`frame_bounds`).
+    The mesh gets material 0 (diffuse ``albedo``) and one square emissive
+    quad (material 1, ``light_radiance``, two triangles appended after the
+    mesh's), facing down; a dim ``background`` lights what the quad does
+    not.
+
+    Exterior view (default): the camera frames the mesh's box from the front,
+    above and to the right (:func:`frame_bounds`); the quad hangs above the
+    camera, out of its view, centered over the mesh, with a half side equal
+    to its height above the box center (a wide light, as seen from the mesh).
+
+    Interior view (``interior=True``, for rooms such as the conference mesh
+    whose ceiling would hide an outside light): the camera stands inside the
+    box near one end of its longer horizontal side, at 45 % of its height,
+    looking along it; the quad lies 3 % of the height under the top of the
+    box over the middle 40 % of the floor plan.
 
     Parameters
     ----------
@@ -218,25 +234,40 @@ def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LI
     faces : (num_triangles, 3) array_like of int
     albedo, light_radiance, background : (3,) float
     camera : Camera, optional
+        Replaces the default camera (the light stays where it is).
+    interior : bool
     name : str
 
     Returns
     -------
     RenderScene
-        Triangles ``num_triangles`` and ``num_triangles + 1`` are the light.
     """
     V, F = validate_mesh(vertices, faces)
     P = V[F.reshape(-1)]
     lo, hi = P.min(axis=0).astype(np.float64), P.max(axis=0).astype(np.float64)
     center = 0.5 * (lo + hi)
-    diagonal = float(np.linalg.norm(hi - lo))
-    half = 0.5 * diagonal
-    y = hi[1] + 0.1 * max(hi[1] - lo[1], 1e-3 * diagonal)
+    size = np.maximum(hi - lo, 1e-6 * max(float(np.max(hi - lo)), 1e-30))
+    if interior:
+        along = 0 if size[0] >= size[2] else 2
+        eye = center.copy()
+        eye[1] = lo[1] + 0.45 * size[1]
+        eye[along] = lo[along] + 0.08 * size[along]
+        target = center.copy()
+        target[1] = lo[1] + 0.35 * size[1]
+        target[along] = hi[along]
+        default_camera = Camera(position=tuple(eye), look_at=tuple(target), vfov_degrees=60.0)
+        y = hi[1] - 0.03 * size[1]
+        half_x, half_z = 0.2 * size[0], 0.2 * size[2]
+    else:
+        default_camera = frame_bounds(np.stack([lo, hi]))
+        radius = 0.5 * float(np.linalg.norm(size))
+        y = max(default_camera.position[1], hi[1]) + 0.05 * radius
+        half_x = half_z = y - center[1]
     quad = np.array([
-        [center[0] - half, y, center[2] - half],
-        [center[0] + half, y, center[2] - half],
-        [center[0] + half, y, center[2] + half],
-        [center[0] - half, y, center[2] + half],
+        [center[0] - half_x, y, center[2] - half_z],
+        [center[0] + half_x, y, center[2] - half_z],
+        [center[0] + half_x, y, center[2] + half_z],
+        [center[0] - half_x, y, center[2] + half_z],
     ], dtype=np.float32)
     base = V.shape[0]
     quad_faces = np.array([[base, base + 1, base + 2], [base, base + 2, base + 3]], dtype=np.int32)
@@ -245,10 +276,9 @@ def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LI
     tri_material = np.concatenate([np.zeros(F.shape[0], np.int32), np.ones(2, np.int32)])
     material_albedo = np.array([albedo, (0.0, 0.0, 0.0)], dtype=np.float32)
     material_emission = np.array([(0.0, 0.0, 0.0), light_radiance], dtype=np.float32)
-    if camera is None:
-        camera = frame_bounds(np.stack([lo, hi]))
     return RenderScene(all_vertices, all_faces, tri_material, material_albedo, material_emission,
-                       camera, background=np.asarray(background, np.float32), name=name)
+                       camera or default_camera, background=np.asarray(background, np.float32),
+                       name=name)
 
 
 def icosphere(subdivisions: int = 1, radius: float = 1.0):
@@ -390,11 +420,13 @@ def as_render_scene(scene_or_mesh, camera: Optional[Camera] = None) -> RenderSce
                              "(pass a RenderScene, a scene from kdtree_gpu.scenes, or (vertices, faces))")
         cam = _camera_from(_scene_attr(obj, ("camera", "camera_suggestion")))
         bg = _scene_attr(obj, ("background",))
+        two_sided = bool(_scene_attr(obj, ("two_sided_emission",)) or False)
         name = _scene_attr(obj, ("name",)) or "scene"
         if cam is None:
             cam = frame_bounds(np.stack([np.min(np.asarray(V), axis=0), np.max(np.asarray(V), axis=0)]))
         scene = RenderScene(V, F, tri_material, albedo, emission, cam,
-                            background=DEFAULT_BACKGROUND if bg is None else bg, name=str(name))
+                            background=DEFAULT_BACKGROUND if bg is None else bg, name=str(name),
+                            two_sided_emission=two_sided)
     if camera is not None:
         scene = scene.with_camera(_camera_from(camera))
     return scene

@@ -81,6 +81,15 @@ __device__ __forceinline__ float3 kd_offset_origin(float3 point, float3 normal, 
     return kd_add(point, kd_scale(normal, ray_epsilon * scale));
 }
 
+// Cosine at an emitter between its normal and the direction toward the
+// receiver (-direction of the ray that reaches it); <= 0 when the ray meets the
+// back of a one-sided emitter, which emits nothing there.
+__device__ __forceinline__ float kd_emitter_cosine(float3 normal, float3 direction, int two_sided)
+{
+    float c = -kd_dot(normal, direction);
+    return two_sided ? fabsf(c) : c;
+}
+
 __device__ __forceinline__ float kd_power_heuristic(float pdf_a, float pdf_b)
 {
     float a2 = pdf_a * pdf_a;
@@ -145,7 +154,8 @@ extern "C" __global__ void kd_render_handle_escaped_rays(
 // Add emission at the hit, MIS-weighted against light sampling after depth 0;
 // end every path when this is the last depth.
 extern "C" __global__ void kd_render_add_emission(
-    int n, int depth, int last, const float* __restrict__ hit_t, const int* __restrict__ hit_tri,
+    int n, int depth, int last, int two_sided, const float* __restrict__ hit_t,
+    const int* __restrict__ hit_tri,
     const float* __restrict__ ray_direction, const float* __restrict__ path_throughput,
     const float* __restrict__ path_bsdf_pdf, const int* __restrict__ path_pixel,
     const float4* __restrict__ tri_normal, const int* __restrict__ tri_material,
@@ -157,15 +167,15 @@ extern "C" __global__ void kd_render_add_emission(
     if (i >= n || !path_alive[i]) return;
     int tri = hit_tri[i];
     float3 emission = kd_xyz(material_emission[tri_material[tri]]);
-    if (kd_max3(emission) > 0.0f) {
+    float4 normal = tri_normal[tri];
+    float cos_light = kd_emitter_cosine(kd_xyz(normal), kd_load3(ray_direction, i), two_sided);
+    if (kd_max3(emission) > 0.0f && cos_light > 0.0f) {
         float weight = 1.0f;
         if (depth > 0) {
-            float4 normal = tri_normal[tri];
-            float cos_light = fabsf(kd_dot(kd_xyz(normal), kd_load3(ray_direction, i)));
             float area = normal.w;
             float t = hit_t[i];
-            // an emitter seen edge-on cannot be light-sampled: BSDF sampling takes all
-            float pdf_light = (cos_light > 0.0f && area > 0.0f)
+            // a degenerate emitter cannot be light-sampled: BSDF sampling takes all
+            float pdf_light = area > 0.0f
                 ? tri_light_pmf[tri] * t * t / (area * cos_light)
                 : __int_as_float(0x7f800000);
             weight = kd_power_heuristic(path_bsdf_pdf[i], pdf_light);
@@ -208,7 +218,7 @@ extern "C" __global__ void kd_render_sample_lights(
 
 // Expand light samples into shadow rays carrying their MIS-weighted radiance.
 extern "C" __global__ void kd_render_expand_light_samples(
-    int n, float ray_epsilon, float min_scale, const int* __restrict__ hit_tri,
+    int n, float ray_epsilon, float min_scale, int two_sided, const int* __restrict__ hit_tri,
     const float* __restrict__ hit_u,
     const float* __restrict__ hit_v, const float* __restrict__ ray_direction,
     const float* __restrict__ path_throughput, const int* __restrict__ path_pixel,
@@ -241,7 +251,7 @@ extern "C" __global__ void kd_render_expand_light_samples(
     float3 wi = kd_scale(to_light, 1.0f / distance);
     float cos_surface = kd_dot(normal, wi);
     float4 light_normal = tri_normal[light];
-    float cos_light = fabsf(kd_dot(kd_xyz(light_normal), wi));
+    float cos_light = kd_emitter_cosine(kd_xyz(light_normal), wi, two_sided);
     float area = light_normal.w;
     if (!(cos_surface > 0.0f && cos_light > 0.0f && area > 0.0f)) return;
     float pdf_light = tri_light_pmf[light] * distance * distance / (area * cos_light);

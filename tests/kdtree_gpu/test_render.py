@@ -399,3 +399,16 @@ def test_icosphere_is_closed_and_wound_inward():
     P = V[F].astype(np.float64)
     normal = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
     assert np.all(np.sum(normal * P.mean(axis=1), axis=1) < 0)
+
+
+def test_emission_leaves_the_front_face_unless_two_sided():
+    import dataclasses
+
+    down = lit_floor_scene()
+    up = dataclasses.replace(down, faces=down.faces[:, ::-1].copy())  # light now faces up
+    expected = 0.5 * 4 * rect_corner_form_factor(0.5, 0.5)
+    image_up = render_cpu(up, size=4, spp=64, max_depth=1).image
+    assert image_up.max() == 0
+    both = dataclasses.replace(up, two_sided_emission=True)
+    image_both = render_cpu(both, size=8, spp=256, max_depth=1).image
+    assert abs(image_both.mean() / expected - 1) < 0.02
