@@ -87,13 +87,14 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
 
     const KdWatertightRay wr = kd_setup_watertight(ox, oy, oz, dx, dy, dz);
     // the largest coordinate difference between the origin and the root box,
-    // in units of t along the dominant axis: the scale of every rounding error
+    // in units of t along the dominant axis, is the scale of every rounding
+    // error; explicit roundings (no FMA) keep the CPU traversal's decisions
     const float extent = fmaxf(fmaxf(fmaxf(fabsf(lo_x - ox), fabsf(hi_x - ox)),
                                      fmaxf(fabsf(lo_y - oy), fabsf(hi_y - oy))),
                                fmaxf(fabsf(lo_z - oz), fabsf(hi_z - oz)));
-    const float t_eps = KD_TRAVERSE_EPS * extent * fabsf(wr.sz);
+    const float t_eps = __fmul_rn(__fmul_rn(KD_TRAVERSE_EPS, extent), fabsf(wr.sz));
     // a zero direction (infinite 1 / d[kz]) hits nothing
-    alive &= (tmin <= tmax) && (t0 <= t1 + t_eps) && fabsf(wr.sz) != KD_WT_INF;
+    alive &= (tmin <= tmax) && (t0 <= __fadd_rn(t1, t_eps)) && fabsf(wr.sz) != KD_WT_INF;
 
     // bit k set: the ray goes toward -k, so the right child (upper half) comes first
     const int neg_mask = (__float_as_int(dx) < 0 ? 1 : 0) | (__float_as_int(dy) < 0 ? 2 : 0) |
@@ -126,9 +127,9 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
             const int neg = (neg_mask >> axis) & 1;
             const int first = left + neg;
             const int second = left + (neg ^ 1);
-            if (ts > tf + t_eps) {
+            if (ts > __fadd_rn(tf, t_eps)) {
                 node = first;
-            } else if (ts < tn - t_eps) {
+            } else if (ts < __fsub_rn(tn, t_eps)) {
                 node = second;
             } else {
                 stack_node[sp] = second;
