@@ -44,7 +44,6 @@ import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -295,16 +294,12 @@ def main(argv=None):
     require_gpu("bench_traversal.py")
     import cupy
 
+    from gpu_traversal_check import device_name, git_commit
+
     sys.path.insert(0, str(Path(args.peers_dir).resolve()))
     pb = importlib.import_module("peer_bench")
-    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())
-    device = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        commit = None
-    result = {"device": device, "commit": commit,
+    device = device_name()
+    result = {"device": device, "commit": git_commit(),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "width": args.width, "height": args.height, "repeats": args.repeats,
               "warmup": args.warmup, "light_height_diagonals": LIGHT_HEIGHT,

@@ -39,6 +39,7 @@ from pathlib import Path
 
 import numpy as np
 
+ROOT = Path(__file__).resolve().parents[1]
 RTOL = 1e-5
 MAX_REPORTED = 10
 
@@ -302,6 +303,7 @@ def read_watertight(mesh_dir):
 
 
 def device_name():
+    """Name of the current CUDA device, e.g. ``"NVIDIA H200"``."""
     import cupy
 
     name = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.runtime.getDevice())["name"]
@@ -309,9 +311,10 @@ def device_name():
 
 
 def git_commit():
+    """Short hash of the checked-out commit, or ``None`` outside a git checkout."""
     try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True, check=True).stdout.strip()
     except Exception:
         return None
 
