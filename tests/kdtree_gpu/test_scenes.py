@@ -1,0 +1,108 @@
+"""Tests of kdtree_gpu.scenes: built-in procedural scenes."""
+
+import numpy as np
+import pytest
+import trimesh
+
+from kdtree_gpu import scenes
+from kdtree_gpu.geometry import degenerate_mask, prepare_mesh
+from kdtree_gpu.tree_check import check_tree
+
+ALL_SCENES = [
+    ("cornell", {}),
+    ("icosphere", {"subdivisions": 2}),
+    ("soup", {"n": 500, "seed": 3}),
+    ("quads", {"n": 4, "layers": 2}),
+]
+
+
+@pytest.mark.parametrize("name, kwargs", ALL_SCENES)
+def test_scenes_are_valid_and_deterministic(name, kwargs):
+    a = scenes.scene_by_name(name, **kwargs)
+    b = scenes.scene_by_name(name, **kwargs)
+    assert a.vertices.dtype == np.float32 and a.faces.dtype == np.int32
+    np.testing.assert_array_equal(a.vertices, b.vertices)
+    np.testing.assert_array_equal(a.faces, b.faces)
+    prepare_mesh(a.vertices, a.faces)
+    assert not degenerate_mask(a.vertices, a.faces).any()
+
+
+def test_scene_trees_pass_the_checks(make_tree):
+    for name, kwargs in ALL_SCENES:
+        scene = scenes.scene_by_name(name, **kwargs)
+        check_tree(make_tree(*scene.arrays()))
+
+
+def test_cornell_box_layout():
+    scene = scenes.cornell_box()
+    V, F, M = scene.vertices, scene.faces, scene.tri_material
+    assert F.shape == (36, 3) and M.shape == (36,)
+    assert scene.material is M
+    np.testing.assert_array_equal(V.min(axis=0), [-1, 0, -1])
+    np.testing.assert_array_equal(V.max(axis=0), [1, 2, 1])
+    names = scene.material_names
+    counts = {names[k]: int(np.sum(M == k)) for k in range(len(names))}
+    assert counts == {"white": 6 + 24, "red": 2, "green": 2, "light": 2, "object": 0}
+    P = V[F].astype(np.float64)
+    normal = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
+    centre = P.mean(axis=1)
+    red, green, light = M == scenes.RED, M == scenes.GREEN, M == scenes.LIGHT
+    assert np.all(P[red][..., 0] == -1) and np.all(normal[red][:, 0] > 0)
+    assert np.all(P[green][..., 0] == 1) and np.all(normal[green][:, 0] < 0)
+    # the light faces down, just below the ceiling, and is the only emitter
+    assert np.all(normal[light][:, 1] < 0)
+    assert np.all(np.abs(centre[light][:, 1] - scenes.LIGHT_HEIGHT) < 1e-6)
+    assert np.all(scene.material_emission[M[~light]] == 0)
+    assert np.all(scene.material_emission[scenes.LIGHT] > 0)
+    assert np.all((scene.material_albedo >= 0) & (scene.material_albedo < 1))
+    # open front: nothing at z = +1 except wall edges
+    assert not np.any(np.all(P[..., 2] == 1, axis=1))
+    assert scene.camera.position[2] > 1 and scene.camera.look_at == (0.0, 1.0, 0.0)
+
+
+def test_cornell_boxes_are_closed():
+    scene = scenes.cornell_box()
+    boxes = scene.faces[12:]
+    mesh = trimesh.Trimesh(scene.vertices, boxes, process=True)
+    assert mesh.is_watertight and len(mesh.split()) == 2
+    # outward normals: each closed box has positive volume
+    assert all(part.volume > 0 for part in mesh.split())
+
+
+def test_cornell_box_with_mesh():
+    sphere = scenes.icosphere(subdivisions=1, radius=5.0)
+    scene = scenes.cornell_box_with(sphere.vertices, sphere.faces, size=1.0)
+    assert scene.faces.shape[0] == 12 + 80
+    obj = scene.tri_material == scenes.OBJECT
+    assert obj.sum() == 80
+    P = scene.vertices[scene.faces[obj]].reshape(-1, 3)
+    assert P[:, 1].min() == 0.0
+    np.testing.assert_allclose(P.max(axis=0) - P.min(axis=0), 1.0, rtol=1e-5)
+    assert np.all(np.abs(P[:, [0, 2]]) <= 0.5 + 1e-6)
+
+
+def test_icosphere():
+    for s in range(4):
+        scene = scenes.icosphere(subdivisions=s, radius=2.0)
+        assert scene.faces.shape[0] == 20 * 4 ** s
+        np.testing.assert_allclose(np.linalg.norm(scene.vertices, axis=1), 2.0, rtol=1e-6)
+        mesh = trimesh.Trimesh(scene.vertices, scene.faces, process=False)
+        assert mesh.is_watertight and mesh.volume > 0
+    with pytest.raises(ValueError, match="subdivisions"):
+        scenes.icosphere(subdivisions=-1)
+
+
+def test_soup_and_quads():
+    soup = scenes.random_soup(1000, seed=1)
+    assert soup.faces.shape == (1000, 3)
+    assert not np.array_equal(soup.vertices, scenes.random_soup(1000, seed=2).vertices)
+    quads = scenes.quad_grid(n=5, layers=3)
+    assert quads.faces.shape[0] == 2 * 3 * 3 * 25
+    P = quads.vertices[quads.faces]
+    flat = (P.min(axis=1) == P.max(axis=1)).sum(axis=1)
+    assert np.all(flat == 1)  # every triangle is flat on exactly one axis
+
+
+def test_unknown_scene_lists_names():
+    with pytest.raises(ValueError, match="cornell, icosphere, soup, quads"):
+        scenes.scene_by_name("teapot")
