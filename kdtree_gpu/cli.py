@@ -146,7 +146,8 @@ _EXAMPLES = {
   kdtree-gpu build stanford_dragon_res2 --device gpu --profile   # per-stage GPU times""",
     "info": """examples:
   kdtree-gpu info bunny.kdt
-  kdtree-gpu info bunny.kdt --json""",
+  kdtree-gpu info bunny.kdt --json
+  kdtree-gpu info bunny.kdt --check               # also check the invariants""",
     "verify": """examples:
   kdtree-gpu verify teapot.ply
   kdtree-gpu verify stanford_bunny --rays 1000000 --clip
@@ -249,6 +250,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Print the statistics, build settings, format version and checksum status of a "
             "tree file.", [json_opt])
     p.add_argument("tree", metavar="TREE", help=f"a tree file written by 'build' ({TREE_SUFFIX})")
+    p.add_argument("--check", action="store_true",
+                   help="also check the tree's invariants (kdtree_gpu.KdTree.check)")
     p.set_defaults(handler=run_info)
 
     p = add("verify", "check the builder against the CPU reference and brute force",
@@ -909,38 +912,72 @@ def run_build(args) -> int:
 
 
 def run_info(args) -> int:
-    """``kdtree-gpu info``: what a tree file holds."""
-    from .tree_io import load_tree, read_tree_header
+    """``kdtree-gpu info``: what a tree file holds.
+
+    A file whose checksum does not match still has its header shown (settings,
+    build facts, array shapes), with the mismatch, and the exit status is 1.
+    """
+    from . import tree_io
 
     path = Path(args.tree)
     if not path.exists():
         raise CliError(f"no such file: {path}")
     if path.is_dir():
         raise CliError(f"{path} is a directory, not a tree file")
-    header = read_tree_header(path)
-    tree = load_tree(path)
+    # a header that reads means the version is one this package reads
+    header = tree_io.read_header(path)
+    record = {"path": str(path), "bytes": path.stat().st_size,
+              "format_version": header.get("format_version", tree_io.FORMAT_VERSION)}
+    try:
+        tree = tree_io.load_tree(path)
+    except tree_io.TreeFileError as exc:
+        if "checksum" not in str(exc):
+            raise
+        record.update({"checksum": "mismatch", "error": str(exc),
+                       "config": header.get("config"), "build_info": header.get("build_info"),
+                       "arrays": {a.get("name"): a.get("shape") for a in header["arrays"]}})
+        if args.json:
+            print_json(record)
+        else:
+            _print_info(record, summary=None)
+        print_error(str(exc))
+        return EXIT_FAILURE
+    record.update({"checksum": "ok", "config": tree.config.to_dict(),
+                   "build_info": tree.build_info})
     summary = summarize_tree(tree)
-    record = {"path": str(path), "format_version": header.get("format_version"),
-              "checksum": "ok", "config": tree.config.to_dict(),
-              "build_info": tree.build_info, **summary}
+    if args.check:
+        tree.check()  # raises ValueError naming the broken invariant
+        record["invariants"] = "ok"
     if args.json:
-        print_json(record)
-        return EXIT_OK
-    print(f"file:           {path} ({path.stat().st_size} bytes)")
-    print(f"format version: {record['format_version']}")
-    print("checksum:       ok")
-    print(format_summary("tree", summary))
-    for key, value in summary.items():
-        if key not in ("triangles", "nodes", "leaves", "refs_per_tri", "sah_cost"):
-            print(f"  {key}: {_format_value(value)}")
-    print("settings:")
-    for key, value in tree.config.to_dict().items():
-        print(f"  {key}: {value}")
-    if tree.build_info:
-        print("build:")
-        for key, value in tree.build_info.items():
-            print(f"  {key}: {_format_value(value)}")
+        print_json({**record, **summary})
+    else:
+        _print_info(record, summary)
     return EXIT_OK
+
+
+def _print_info(record: dict, summary: Optional[dict]) -> None:
+    print(f"file:           {record['path']} ({record['bytes']} bytes)")
+    print(f"format version: {record['format_version']}")
+    print(f"checksum:       {record['checksum']}")
+    if "invariants" in record:
+        print(f"invariants:     {record['invariants']}")
+    if summary is not None:
+        print(format_summary("tree", summary))
+        for key, value in summary.items():
+            if key not in ("triangles", "nodes", "leaves", "refs_per_tri", "sah_cost"):
+                print(f"  {key}: {_format_value(value)}")
+    else:
+        print("arrays (from the header):")
+        for name, shape in record["arrays"].items():
+            print(f"  {name}: {shape}")
+    print("settings:")
+    for key, value in (record["config"] or {}).items():
+        print(f"  {key}: {value}")
+    if record["build_info"]:
+        print("build:")
+        for key, value in record["build_info"].items():
+            if key not in ("profile", "profile_table"):
+                print(f"  {key}: {_format_value(value)}")
 
 
 def _format_value(value) -> str:

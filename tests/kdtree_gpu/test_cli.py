@@ -457,7 +457,8 @@ def test_bench_prints_a_table_row_per_builder(run_cli, boxes_ply):
     assert code == 0, err
     lines = out.strip().splitlines()
     assert lines[0].split()[:3] == ["mesh", "tris", "builder"]
-    rows = [line.split() for line in lines[2:]]
+    rows = [line.split() for line in lines[2:-1]]
+    assert lines[-1].startswith("(median of 1 builds")
     assert [(r[0], r[1], r[2]) for r in rows] == [("boxes", "24", "numpy"),
                                                   ("boxes", "24", "reference")]
     code, out, err = run_cli("bench", boxes_ply, "--no-scenes", "--builders", "reference",
