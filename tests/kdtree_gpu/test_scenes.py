@@ -106,3 +106,34 @@ def test_soup_and_quads():
 def test_unknown_scene_lists_names():
     with pytest.raises(ValueError, match="cornell, icosphere, soup, quads"):
         scenes.scene_by_name("teapot")
+
+
+def load_writer():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "meshes" / "write_cornell_box.py"
+    spec = importlib.util.spec_from_file_location("write_cornell_box", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module, path.parent
+
+
+def test_committed_cornell_obj_matches_the_scene(tmp_path):
+    from kdtree_gpu.mesh import load_mesh
+
+    writer, folder = load_writer()
+    scene = scenes.cornell_box()
+    assert (folder / "cornell_box.obj").read_text() == writer.obj_text(scene, "cornell_box.mtl")
+    assert (folder / "cornell_box.mtl").read_text() == writer.mtl_text(scene)
+    V, F = load_mesh(folder / "cornell_box.obj")
+    corners = np.sort(V[F].reshape(len(F), 9), axis=0)
+    np.testing.assert_array_equal(corners, np.sort(scene.vertices[scene.faces].reshape(-1, 9), axis=0))
+    # materials survive the round trip through trimesh's OBJ/MTL reader
+    loaded = trimesh.load(folder / "cornell_box.obj", process=False)
+    light = loaded.geometry["light"]
+    assert len(light.faces) == 2
+    np.testing.assert_allclose(np.asarray(light.visual.material.diffuse[:3]) / 255,
+                               scene.material_albedo[scenes.LIGHT], atol=0.01)
+    writer.write_cornell_box(tmp_path)
+    assert (tmp_path / "cornell_box.obj").read_text() == (folder / "cornell_box.obj").read_text()
