@@ -404,7 +404,7 @@ def _optional_attr(module_name: str, attr: str):
 
 
 class ProgressBar:
-    """A one-line progress bar on stderr, redrawn in place.
+    """A progress bar on stderr: redrawn in place on a terminal, else one line per step.
 
     Parameters
     ----------
@@ -421,6 +421,7 @@ class ProgressBar:
         self.enabled = enabled
         self.stream = stream if stream is not None else sys.stderr
         self.width = width
+        self.in_place = enabled and _isatty(self.stream)
         self._last_len = 0
 
     def show(self, done: int, label: str = "") -> None:
@@ -429,6 +430,11 @@ class ProgressBar:
             return
         filled = int(self.width * done / self.total)
         text = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} {label}"
+        if not self.in_place:
+            # a log file gets whole lines, not carriage returns
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            return
         self.clear()
         self.stream.write(text)
         self.stream.flush()
@@ -436,10 +442,17 @@ class ProgressBar:
 
     def clear(self) -> None:
         """Erase the bar (before other output is written to the terminal)."""
-        if self.enabled and self._last_len:
+        if self.in_place and self._last_len:
             self.stream.write("\r" + " " * self._last_len + "\r")
             self.stream.flush()
             self._last_len = 0
+
+
+def _isatty(stream) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
 
 
 # --------------------------------------------------------------------------------------
@@ -860,7 +873,7 @@ def run_build(args) -> int:
         raise CliError("nothing to build") if not errors else CliError(
             f"no mesh found ({len(errors)} argument(s) matched nothing)")
     outputs = plan_outputs(inputs, args.output)
-    progress = ProgressBar(len(inputs), enabled=args.progress or sys.stderr.isatty())
+    progress = ProgressBar(len(inputs), enabled=args.progress or _isatty(sys.stderr))
     num_failed = len(errors)
     claimed = set()
     for i, (item, out) in enumerate(zip(inputs, outputs)):
@@ -983,6 +996,11 @@ def _print_info(record: dict, summary: Optional[dict]) -> None:
 def _format_value(value) -> str:
     if isinstance(value, float):
         return f"{value:.4g}"
+    if isinstance(value, (list, tuple)) and len(value) > 6:
+        # per-level lists of deep trees: the ends tell the story
+        head = ", ".join(str(v) for v in value[:3])
+        tail = ", ".join(str(v) for v in value[-2:])
+        return f"[{head}, ..., {tail}] ({len(value)} entries)"
     return str(value)
 
 
@@ -1080,7 +1098,13 @@ def run_render(args) -> int:
     out = Path(args.output).expanduser()
     _check_output_dir(out)
     item = _single_input(args.mesh)
-    target = load_scene(item.scene) if item.scene is not None else load_input(item)
+    if item.scene is None:
+        target = load_input(item)
+    else:
+        target = load_scene(item.scene)
+        if getattr(target, "tri_material", None) is None:
+            # a geometry-only scene renders like a mesh: grey, lit from above
+            target = scene_arrays(target)
     width, height = args.size
     start = time.perf_counter()
     image = render_image(target, width, height, args.spp, args.max_depth, device)
@@ -1221,6 +1245,7 @@ def run_demo(args) -> int:
     print("  built:    " + format_summary("tree", summarize_tree(tree), build_ms))
     num_rays = 20_000
     origins, directions = make_random_rays(tree.bounds, num_rays, seed=0)
+    tree.intersect(origins[:64], directions[:64], device=device)  # warm-up: JIT, upload
     start = time.perf_counter()
     t, tri = tree.intersect(origins, directions, device=device)[:2]
     t, tri = _to_host(t), _to_host(tri)

@@ -510,3 +510,35 @@ def test_build_and_demo_on_the_gpu(run_cli, boxes_ply, tmp_path):
                              "--device", "gpu")
     assert code == 0, out + err
     assert png_size(tmp_path / "d.png") == (32, 32)
+
+
+class _FakeTerminal:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_redraws_on_a_terminal_and_writes_lines_elsewhere():
+    terminal = _FakeTerminal(tty=True)
+    bar = cli.ProgressBar(4, enabled=True, stream=terminal, width=8)
+    bar.show(2, "mesh")
+    assert terminal.text == "[####....] 2/4 mesh"
+    bar.clear()
+    assert terminal.text.endswith("\r" + " " * len("[####....] 2/4 mesh") + "\r")
+    log = _FakeTerminal(tty=False)
+    bar = cli.ProgressBar(2, enabled=True, stream=log, width=4)
+    bar.show(1, "a")
+    bar.clear()
+    bar.show(2, "done")
+    assert log.text == "[##..] 1/2 a\n[####] 2/2 done\n"
+    quiet = _FakeTerminal(tty=True)
+    cli.ProgressBar(2, enabled=False, stream=quiet).show(1, "x")
+    assert quiet.text == ""
