@@ -188,29 +188,30 @@ def find_best_plane(pool_pos, pool_kind, seg_start, seg_count, num_tris, node_lo
     best_side : int
         ``SIDE_LEFT`` or ``SIDE_RIGHT``: where planar triangles on the plane go.
     """
-    ext = np.empty(3, dtype=np.float64)
-    for k in range(3):
-        ext[k] = np.float64(node_hi[k]) - np.float64(node_lo[k])
-    area_node = box_half_area(ext[0], ext[1], ext[2])
+    # scalars, not small arrays: this runs once per node and must not allocate
+    ext0 = np.float64(node_hi[0]) - np.float64(node_lo[0])
+    ext1 = np.float64(node_hi[1]) - np.float64(node_lo[1])
+    ext2 = np.float64(node_hi[2]) - np.float64(node_lo[2])
+    area_node = box_half_area(ext0, ext1, ext2)
     axis_first = 0
     axis_last = 2
     if longest_only:
         longest = 0
-        for k in range(1, 3):
-            if ext[k] > ext[longest]:
-                longest = k
+        if ext1 > ext0:
+            longest = 1
+        if ext2 > (ext1 if longest == 1 else ext0):
+            longest = 2
         axis_first = longest
         axis_last = longest
     best_cost = np.inf
     best_axis = -1
     best_pos = np.float32(0.0)
     best_side = enc.SIDE_LEFT
-    side_ext = np.empty(3, dtype=np.float64)
     for k in range(axis_first, axis_last + 1):
-        if ext[k] == 0.0:
-            continue
         lo_k = node_lo[k]
         hi_k = node_hi[k]
+        if not lo_k < hi_k:
+            continue
         n_left = 0
         n_right = num_tris
         i = seg_start[k]
@@ -234,12 +235,17 @@ def find_best_plane(pool_pos, pool_kind, seg_start, seg_count, num_tris, node_lo
             # move the plane onto p: triangles ending at p or lying on it leave the right side
             n_right -= n_end + n_planar
             if lo_k < p and p < hi_k:
-                for j in range(3):
-                    side_ext[j] = ext[j]
-                side_ext[k] = np.float64(p) - np.float64(lo_k)
-                area_left = box_half_area(side_ext[0], side_ext[1], side_ext[2])
-                side_ext[k] = np.float64(hi_k) - np.float64(p)
-                area_right = box_half_area(side_ext[0], side_ext[1], side_ext[2])
+                d_left = np.float64(p) - np.float64(lo_k)
+                d_right = np.float64(hi_k) - np.float64(p)
+                if k == 0:
+                    area_left = box_half_area(d_left, ext1, ext2)
+                    area_right = box_half_area(d_right, ext1, ext2)
+                elif k == 1:
+                    area_left = box_half_area(ext0, d_left, ext2)
+                    area_right = box_half_area(ext0, d_right, ext2)
+                else:
+                    area_left = box_half_area(ext0, ext1, d_left)
+                    area_right = box_half_area(ext0, ext1, d_right)
                 # planar triangles on the plane: try them on each side (Wald & Havran §4.1)
                 cost_left = split_cost(k_traversal, k_intersect, empty_bonus, area_left,
                                        area_right, area_node, n_left + n_planar, n_right)
@@ -321,7 +327,8 @@ def classify_triangles(pool_pos, pool_kind, pool_tri, seg_start, seg_count, axis
 
 @numba.njit(cache=True)
 def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, skip_both,
-                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi):
+                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                 kept_right):
     """Splice each axis's events into the two children, keeping their order.
 
     The left child's events are written in place over the node's (a
@@ -339,14 +346,9 @@ def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class,
     scratch_pos, scratch_kind, scratch_tri : (3, max_events)
         Receive the right child's kept events.
     tri_box_lo, tri_box_hi : (num_triangles, 3) float32
-
-    Returns
-    -------
     kept_left, kept_right : (3,) int64
-        Events kept per axis for each child.
+        Output: events kept per axis for each child.
     """
-    kept_left = np.zeros(3, dtype=np.int64)
-    kept_right = np.zeros(3, dtype=np.int64)
     for k in range(3):
         pos = pool_pos[k]
         kind = pool_kind[k]
@@ -379,7 +381,6 @@ def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class,
                 w_left += 1
         kept_left[k] = w_left - seg_start[k]
         kept_right[k] = w_right
-    return kept_left, kept_right
 
 
 @numba.njit(cache=True)
@@ -461,6 +462,21 @@ def grow_pools(pool_pos, pool_kind, pool_tri, used, capacity):
         new_kind[k, :used[k]] = pool_kind[k, :used[k]]
         new_tri[k, :used[k]] = pool_tri[k, :used[k]]
     return new_pos, new_kind, new_tri
+
+
+@numba.njit(cache=True)
+def sort_small(values, start, end):
+    """Sort ``values[start:end]`` in place; insertion sort for the usual small leaf."""
+    if end - start > 32:
+        values[start:end] = np.sort(values[start:end])
+        return
+    for i in range(start + 1, end):
+        v = values[i]
+        j = i - 1
+        while j >= start and values[j] > v:
+            values[j + 1] = values[j]
+            j -= 1
+        values[j + 1] = v
 
 
 @numba.njit(cache=True)
@@ -557,6 +573,8 @@ def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_inters
     left_count = np.empty(3, dtype=np.int64)
     right_count = np.empty(3, dtype=np.int64)
     used = np.empty(3, dtype=np.int64)
+    kept_left = np.empty(3, dtype=np.int64)
+    kept_right = np.empty(3, dtype=np.int64)
 
     while top > 0:
         top -= 1
@@ -591,7 +609,7 @@ def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_inters
                 if pool_kind[0, i] != enc.EVENT_END:
                     leaf_tris[w] = pool_tri[0, i]
                     w += 1
-            leaf_tris[num_refs:w] = np.sort(leaf_tris[num_refs:w])
+            sort_small(leaf_tris, num_refs, w)
             node_axis[node] = enc.AXIS_LEAF
             node_split[node] = 0.0
             node_child[node] = num_refs
@@ -635,9 +653,9 @@ def _build(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_inters
                     if tri_class[t] == enc.CLASS_BOTH:
                         both_tris[num_both] = t
                         num_both += 1
-        kept_left, kept_right = split_events(
-            pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, clip,
-            scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi)
+        split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, clip,
+                     scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                     kept_right)
 
         if not clip:
             for k in range(3):
