@@ -105,13 +105,16 @@ def _choose_device(device, origins, directions) -> str:
 
 
 # --- validation -----------------------------------------------------------------
-def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
-    """Check rays and return them as contiguous float32 NumPy arrays.
+def check_rays(origins, directions, tmin=0.0, tmax=np.inf, xp=np):
+    """Check rays and return them as contiguous float32 arrays of ``xp``.
 
     Parameters
     ----------
     origins, directions : (num_rays, 3) or (3,) array_like of float
     tmin, tmax : float or (num_rays,) array_like of float
+    xp : module
+        ``numpy`` (the rays are brought to the host) or ``cupy`` (the rays
+        are moved to, or stay on, the current GPU and are checked there).
 
     Returns
     -------
@@ -125,8 +128,9 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
         directions, NaN in tmin or tmax, or ``tmin > tmax``; the message names
         the first bad ray.
     """
-    O = _to_numpy(origins)
-    D = _to_numpy(directions)
+    convert = _to_numpy if xp is np else _to_cupy
+    O = convert(origins)
+    D = convert(directions)
     for name, a in (("origins", O), ("directions", D)):
         if a.dtype.kind not in "fiu":
             raise ValueError(f"{name} must be a float array, got dtype {a.dtype}")
@@ -140,45 +144,60 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
     if O.shape[0] != D.shape[0]:
         raise ValueError(f"origins has {O.shape[0]} rays but directions has {D.shape[0]}")
     num_rays = O.shape[0]
-    O = np.ascontiguousarray(O, dtype=np.float32)
-    D = np.ascontiguousarray(D, dtype=np.float32)
+    O = xp.ascontiguousarray(O, dtype=xp.float32)
+    D = xp.ascontiguousarray(D, dtype=xp.float32)
+    # each bool() below is one device-to-host read when xp is cupy
     for name, a in (("origins", O), ("directions", D)):
-        bad = ~np.isfinite(a).all(axis=1)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
+        bad = ~xp.isfinite(a).all(axis=1)
+        if bool(bad.any()):
+            i = int(xp.flatnonzero(bad)[0])
             raise ValueError(f"ray {i} has a NaN or infinite value in its {name[:-1]}: "
                              f"{a[i].tolist()} ({int(bad.sum())} such rays)")
     zero = ~(D != 0).any(axis=1)
-    if zero.any():
-        i = int(np.flatnonzero(zero)[0])
+    if bool(zero.any()):
+        i = int(xp.flatnonzero(zero)[0])
         raise ValueError(f"ray {i} has a zero-length direction ({int(zero.sum())} such rays)")
     bounds = []
     for name, value in (("tmin", tmin), ("tmax", tmax)):
-        a = _to_numpy(value)
-        if a.ndim == 0:
-            a = np.full(num_rays, a, dtype=np.float32)
-        elif a.shape != (num_rays,):
-            raise ValueError(f"{name} must be a scalar or have shape ({num_rays},), got {a.shape}")
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        if np.isnan(a).any():
-            i = int(np.flatnonzero(np.isnan(a))[0])
+        if isinstance(value, (int, float, np.number)):
+            a = xp.full(num_rays, value, dtype=xp.float32)
+        else:
+            a = convert(value)
+            if a.ndim == 0:
+                a = xp.full(num_rays, float(a), dtype=xp.float32)
+            elif a.shape != (num_rays,):
+                raise ValueError(f"{name} must be a scalar or have shape ({num_rays},), "
+                                 f"got {a.shape}")
+        a = xp.ascontiguousarray(a, dtype=xp.float32)
+        nan = xp.isnan(a)
+        if bool(nan.any()):
+            i = int(xp.flatnonzero(nan)[0])
             raise ValueError(f"ray {i} has a NaN {name}")
         bounds.append(a)
     tmin32, tmax32 = bounds
     bad = tmin32 > tmax32
-    if bad.any():
-        i = int(np.flatnonzero(bad)[0])
+    if bool(bad.any()):
+        i = int(xp.flatnonzero(bad)[0])
         raise ValueError(f"ray {i} has tmin > tmax ({float(tmin32[i])!r} > {float(tmax32[i])!r})")
     return O, D, tmin32, tmax32
+
+
+def _device_id(x, kind):
+    # the GPU that holds the caller's rays, or None
+    if kind == "cupy":
+        return x.device.id
+    if kind == "torch" and x.is_cuda:
+        return x.device.index
+    return None
 
 
 def _run(tree, origins, directions, tmin, tmax, device, any_hit):
     device = _choose_device(device, origins, directions)
     like_kind = _library(origins)
-    O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
     if device == "cpu":
         from .raycast_cpu import intersect_cpu, occluded_cpu
 
+        O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
         results = (occluded_cpu(tree, O, D, t0, t1),) if any_hit else \
             intersect_cpu(tree, O, D, t0, t1)
     else:
@@ -186,11 +205,9 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit):
 
         from .raycast_gpu import intersect_gpu, occluded_gpu
 
-        # run on the caller's GPU when the rays already live on one
-        device_id = origins.device.id if like_kind == "cupy" else (
-            origins.device.index if like_kind == "torch" and origins.is_cuda else None)
+        device_id = _device_id(origins, like_kind)
         with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.runtime.getDevice()):
-            args = [cupy.asarray(a) for a in (O, D, t0, t1)]
+            args = check_rays(origins, directions, tmin, tmax, xp=cupy)
             results = (occluded_gpu(tree, *args),) if any_hit else intersect_gpu(tree, *args)
     return tuple(_result_like(r, origins, like_kind) for r in results)
 
@@ -251,10 +268,10 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
     V, F = _mesh_of(tree_or_vertices, faces)
     device = _choose_device(device, origins, directions)
     like_kind = _library(origins)
-    O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
     if device == "cpu":
         from .raycast_cpu import brute_cpu
 
+        O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
         results = brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
         results = (results[1] >= 0,) if any_hit else results
     else:
@@ -262,9 +279,11 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
 
         from .raycast_gpu import brute_intersect_gpu, brute_occluded_gpu
 
-        args = [cupy.asarray(a) for a in (O, D, t0, t1)]
-        results = (brute_occluded_gpu(V, F, *args),) if any_hit else \
-            brute_intersect_gpu(V, F, *args)
+        device_id = _device_id(origins, like_kind)
+        with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.runtime.getDevice()):
+            args = check_rays(origins, directions, tmin, tmax, xp=cupy)
+            results = (brute_occluded_gpu(V, F, *args),) if any_hit else \
+                brute_intersect_gpu(V, F, *args)
     return tuple(_result_like(r, origins, like_kind) for r in results)
 
 
