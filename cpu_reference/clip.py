@@ -37,6 +37,7 @@ import numpy as np
 
 # A triangle clipped by six planes has at most 3 + 6 = 9 vertices.
 _MAX_POLY = 16
+POLY_BUFFER_SHAPE = (_MAX_POLY, 3)
 
 
 @numba.njit(cache=True)
@@ -78,6 +79,18 @@ def clip_triangle_box(v0, v1, v2, box_lo, box_hi, out_lo, out_hi):
     """
     poly = np.empty((_MAX_POLY, 3), dtype=np.float64)
     work = np.empty((_MAX_POLY, 3), dtype=np.float64)
+    return clip_triangle_box_into(v0, v1, v2, box_lo, box_hi, out_lo, out_hi, poly, work)
+
+
+@numba.njit(cache=True)
+def clip_triangle_box_into(v0, v1, v2, box_lo, box_hi, out_lo, out_hi, poly, work):
+    """:func:`clip_triangle_box` with caller-owned polygon buffers.
+
+    Parameters
+    ----------
+    poly, work : (16, 3) float64
+        Scratch space for the polygon (overwritten).
+    """
     for j in range(3):
         poly[0, j] = np.float64(v0[j])
         poly[1, j] = np.float64(v1[j])
@@ -144,9 +157,26 @@ def clip_child_box(v0, v1, v2, prev_lo, prev_hi, child_lo, child_hi, out_lo, out
     bool
         True when the clipped polygon was used, False for the fallback.
     """
+    poly = np.empty((_MAX_POLY, 3), dtype=np.float64)
+    work = np.empty((_MAX_POLY, 3), dtype=np.float64)
     clip_lo = np.empty(3, dtype=np.float32)
     clip_hi = np.empty(3, dtype=np.float32)
-    used = clip_triangle_box(v0, v1, v2, child_lo, child_hi, clip_lo, clip_hi)
+    return clip_child_box_into(v0, v1, v2, prev_lo, prev_hi, child_lo, child_hi, out_lo, out_hi,
+                               poly, work, clip_lo, clip_hi)
+
+
+@numba.njit(cache=True)
+def clip_child_box_into(v0, v1, v2, prev_lo, prev_hi, child_lo, child_hi, out_lo, out_hi,
+                        poly, work, clip_lo, clip_hi):
+    """:func:`clip_child_box` with caller-owned scratch buffers.
+
+    Parameters
+    ----------
+    poly, work : (16, 3) float64
+    clip_lo, clip_hi : (3,) float32
+        Scratch space (overwritten).
+    """
+    used = clip_triangle_box_into(v0, v1, v2, child_lo, child_hi, clip_lo, clip_hi, poly, work)
     if used:
         for j in range(3):
             lo = max(clip_lo[j], max(prev_lo[j], child_lo[j]))

@@ -33,7 +33,7 @@ from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.geometry import prepare_mesh
 from kdtree_gpu.tree import KdTree
 
-from .clip import clip_child_box
+from .clip import POLY_BUFFER_SHAPE, clip_child_box_into
 from .events import event_less, make_events, sort_events
 
 # The cost model is written once (kdtree_gpu.config); compile it, do not retype it.
@@ -399,10 +399,15 @@ def clip_straddling(vertices, faces, both_tris, tri_box_lo, tri_box_hi, child_lo
     new_lo, new_hi : (>= num_both, 3) float32
         Output, row ``i`` for ``both_tris[i]``.
     """
+    poly = np.empty(POLY_BUFFER_SHAPE, dtype=np.float64)
+    work = np.empty(POLY_BUFFER_SHAPE, dtype=np.float64)
+    clip_lo = np.empty(3, dtype=np.float32)
+    clip_hi = np.empty(3, dtype=np.float32)
     for i in range(both_tris.shape[0]):
         t = both_tris[i]
-        clip_child_box(vertices[faces[t, 0]], vertices[faces[t, 1]], vertices[faces[t, 2]],
-                       tri_box_lo[t], tri_box_hi[t], child_lo, child_hi, new_lo[i], new_hi[i])
+        clip_child_box_into(vertices[faces[t, 0]], vertices[faces[t, 1]], vertices[faces[t, 2]],
+                            tri_box_lo[t], tri_box_hi[t], child_lo, child_hi, new_lo[i],
+                            new_hi[i], poly, work, clip_lo, clip_hi)
 
 
 @numba.njit(cache=True)
