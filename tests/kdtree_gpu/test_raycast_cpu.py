@@ -248,3 +248,37 @@ def test_torch_cuda_tensors_come_back_as_torch():
     t, tri, u, v = tree.intersect(O, D)
     assert isinstance(t, torch.Tensor) and t.is_cuda
     assert tri.cpu().tolist() == [0, -1]
+
+
+def axis_aligned_rays(bounds, n, rng):
+    """Rays along +-x, +-y, +-z whose origins lie on the scene's grid planes.
+
+    Origins use coordinates that are multiples of 0.25 (the planes of the
+    quad grid and the Cornell box), so many rays run inside split planes and
+    through shared edges and vertices.
+    """
+    lo, hi = bounds.astype(np.float64)
+    steps = np.round((hi - lo) / 0.25).astype(int)
+    O = lo + rng.integers(-1, steps + 2, (n, 3)) * 0.25
+    D = np.zeros((n, 3))
+    axis = rng.integers(0, 3, n)
+    D[np.arange(n), axis] = rng.choice([-1.0, 1.0], n) * rng.uniform(0.5, 2, n)
+    return O.astype(np.float32), D.astype(np.float32)
+
+
+@pytest.mark.parametrize("name, kwargs", [("quads", {"n": 8, "layers": 3, "spacing": 0.5}),
+                                          ("cornell", {})])
+def test_axis_aligned_rays_in_split_planes(name, kwargs, make_tree, rng):
+    from kdtree_gpu.scenes import scene_by_name
+
+    scene = scene_by_name(name, **kwargs)
+    tree = make_tree(*scene.arrays())
+    O, D = axis_aligned_rays(tree.bounds, 20_000, rng)
+    expected = raycast.intersect_brute(tree, O, D)
+    assert np.mean(expected[1] >= 0) > 0.05
+    assert_same_hits(tree.intersect(O, D), expected)
+    np.testing.assert_array_equal(tree.occluded(O, D), expected[1] >= 0)
+    # and random rays through the same scene
+    O, D, tmin, tmax = random_rays(tree.bounds, 20_000, rng)
+    assert_same_hits(tree.intersect(O, D, tmin, tmax),
+                     raycast.intersect_brute(tree, O, D, tmin=tmin, tmax=tmax))
