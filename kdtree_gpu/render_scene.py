@@ -224,8 +224,8 @@ def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LI
 
     Interior view (``interior=True``, for rooms such as the conference mesh
     whose ceiling would hide an outside light): the camera stands inside the
-    box near one end of its longer horizontal side, at 45 % of its height,
-    looking along it; the quad lies 3 % of the height under the top of the
+    box, 8 % of its longer horizontal side from the upper end of that side,
+    at 45 % of its height, looking along it toward the lower end; the quad lies 3 % of the height under the top of the
     box over the middle 40 % of the floor plan.
 
     Parameters
@@ -251,10 +251,10 @@ def mesh_scene(vertices, faces, albedo=DEFAULT_ALBEDO, light_radiance=DEFAULT_LI
         along = 0 if size[0] >= size[2] else 2
         eye = center.copy()
         eye[1] = lo[1] + 0.45 * size[1]
-        eye[along] = lo[along] + 0.08 * size[along]
+        eye[along] = hi[along] - 0.08 * size[along]
         target = center.copy()
         target[1] = lo[1] + 0.35 * size[1]
-        target[along] = hi[along]
+        target[along] = lo[along]
         default_camera = Camera(position=tuple(eye), look_at=tuple(target), vfov_degrees=60.0)
         y = hi[1] - 0.03 * size[1]
         half_x, half_z = 0.2 * size[0], 0.2 * size[2]
