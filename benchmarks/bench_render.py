@@ -38,7 +38,6 @@ import os
 import statistics
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -46,7 +45,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from kdtree_gpu import render as R  # noqa: E402
-from kdtree_gpu.render_scene import Camera, RenderScene, furnace_scene, mesh_scene  # noqa: E402
+from kdtree_gpu.render_scene import RenderScene, furnace_scene, mesh_scene  # noqa: E402
 
 DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100)
 
@@ -83,53 +82,16 @@ def load_mesh(name: str, folder: Path):
     return package_load_mesh(path)
 
 
-def cornell_fallback(folder: Path, mesh=None) -> RenderScene:
-    """Cornell box from ``cornell_box.ply`` when :mod:`kdtree_gpu.scenes` is missing.
-
-    Materials by position: the small quad under the ceiling emits, the left
-    wall (x = -1) is red, the right wall (x = 1) green, the rest white. A mesh
-    is scaled to 0.6 of the floor's width and stood on the floor at its center.
-    """
-    V, F = read_ply(folder / "cornell_box.ply")
-    P = V[F].astype(np.float64)
-    centroid = P.mean(axis=1)
-    cross = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
-    area = 0.5 * np.linalg.norm(cross, axis=1)
-    normal = cross / np.maximum(2 * area, 1e-30)[:, None]
-    material = np.zeros(len(F), np.int32)
-    facing_x = np.abs(normal[:, 0]) > 0.9
-    material[facing_x & (centroid[:, 0] < -0.9)] = 1
-    material[facing_x & (centroid[:, 0] > 0.9)] = 2
-    material[(np.abs(normal[:, 1]) > 0.99) & (centroid[:, 1] > 1.9) & (area < 0.2)] = 3
-    albedo = [[0.725, 0.71, 0.68], [0.63, 0.065, 0.05], [0.14, 0.45, 0.091], [0.78, 0.78, 0.78]]
-    emission = [[0, 0, 0], [0, 0, 0], [0, 0, 0], [17.0, 12.0, 4.0]]
-    if mesh is not None:
-        MV, MF = mesh
-        MV = MV.astype(np.float64)
-        lo, hi = MV.min(0), MV.max(0)
-        scale = 1.2 / max(hi[0] - lo[0], hi[2] - lo[2], 0.8 * (hi[1] - lo[1]))
-        center = 0.5 * (lo + hi)
-        MV = (MV - [center[0], lo[1], center[2]]) * scale + [0.0, 0.001, 0.0]
-        F = np.concatenate([F, MF + len(V)])
-        V = np.concatenate([V, MV.astype(np.float32)])
-        material = np.concatenate([material, np.zeros(len(MF), np.int32)])
-    camera = Camera(position=(0.0, 1.0, 3.4), look_at=(0.0, 1.0, 0.0), vfov_degrees=45.0)
-    return RenderScene(V, F, material, albedo, emission, camera, name="cornell (fallback)")
-
-
 def make_scene(spec: str, folder: Path) -> RenderScene:
     """A scene from its name (see the module docstring)."""
     if spec == "furnace":
         return furnace_scene(0.5)
     if spec == "cornell" or spec.startswith("cornell+"):
+        from kdtree_gpu import scenes
+
         mesh = load_mesh(spec.split("+", 1)[1], folder) if "+" in spec else None
-        try:
-            from kdtree_gpu import scenes
-        except ImportError:
-            scene = cornell_fallback(folder, mesh)
-        else:
-            obj = scenes.cornell_box() if mesh is None else scenes.cornell_box_with(*mesh)
-            scene = R.as_render_scene(obj)
+        obj = scenes.cornell_box() if mesh is None else scenes.cornell_box_with(*mesh)
+        scene = R.as_render_scene(obj)
         scene.name = spec
         return scene
     interior = spec.endswith("@inside")
