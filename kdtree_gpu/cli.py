@@ -564,8 +564,12 @@ def resolve_mesh_inputs(specs, allow_scenes: bool = True):
                 seen.add(spec)
                 inputs.append(MeshInput(label=spec, scene=spec))
             continue
-        where = f" (nor in {MESH_DIR_ENV}={directory})" if directory is not None else \
-            f" (set {MESH_DIR_ENV} to look up bare names)"
+        if os.sep in spec or (os.altsep and os.altsep in spec):
+            where = ""
+        elif directory is not None:
+            where = f" (nor in {MESH_DIR_ENV}={directory})"
+        else:
+            where = f" (set {MESH_DIR_ENV} to look up bare names)"
         errors.append(f"{spec}: no such mesh file{where}")
     return inputs, errors
 
@@ -865,13 +869,14 @@ def run_build(args) -> int:
     config = config_from_args(args)
     device = resolve_cli_device(args.device)
     inputs, errors = resolve_mesh_inputs(args.meshes)
+    if not inputs and len(errors) == 1:
+        raise CliError(errors[0])
     for message in errors:
         print_error(message)
         if args.json:
             print_json({"mesh": message.split(":")[0], "ok": False, "error": message})
     if not inputs:
-        raise CliError("nothing to build") if not errors else CliError(
-            f"no mesh found ({len(errors)} argument(s) matched nothing)")
+        raise CliError(f"none of the {len(errors)} arguments names a mesh file")
     outputs = plan_outputs(inputs, args.output)
     progress = ProgressBar(len(inputs), enabled=args.progress or _isatty(sys.stderr))
     num_failed = len(errors)
@@ -919,7 +924,8 @@ def run_build(args) -> int:
     progress.clear()
     if num_failed:
         total = len(inputs) + len(errors)
-        print_error(f"{num_failed} of {total} meshes failed")
+        if total > 1:
+            print_error(f"{num_failed} of {total} meshes failed")
         return EXIT_FAILURE
     return EXIT_OK
 

@@ -314,6 +314,7 @@ def test_build_bad_inputs_give_one_line_errors(run_cli, tmp_path, bad_ply, nan_p
     expected = {"missing": "nowhere.ply", "unparsable": "broken.ply", "nan": "NaN",
                 "directory": "directory"}[case]
     assert_one_line_error(err, expected)
+    assert len(err.splitlines()) == 1
     assert not (tmp_path / "x.kdt").exists()
 
 
