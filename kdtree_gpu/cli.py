@@ -30,7 +30,6 @@ import os
 import sys
 import textwrap
 import time
-import traceback
 from pathlib import Path
 from typing import Callable, Optional
 

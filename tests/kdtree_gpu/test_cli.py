@@ -10,7 +10,6 @@ output, no GPU, bad option values) must each end in one line
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
