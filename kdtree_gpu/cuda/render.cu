@@ -10,7 +10,6 @@
 // bit-identical to kdtree_gpu.render.uniform_from_key.
 
 #define KD_INV_PI 0.31830988618379067f
-#define KD_TWO_PI 6.283185307179586f
 #define KD_SHADOW_TMAX_SCALE (1.0f - 1e-4f)
 
 __device__ __forceinline__ unsigned int kd_pcg(unsigned int x)
@@ -300,11 +299,14 @@ extern "C" __global__ void kd_render_sample_bsdf(
     kd_surface(tri_vertex, tri_normal, tri, hit_u[i], hit_v[i], kd_load3(ray_direction, i), &point,
                &normal);
     unsigned int key = path_key[i];
-    float phi = kd_uniform(key, salt_phi) * KD_TWO_PI;
+    // sincospif(2u) = sin, cos of 2 pi u without the local-memory range
+    // reduction that sinf/cosf carry for large arguments
+    float sin_phi, cos_phi;
+    sincospif(2.0f * kd_uniform(key, salt_phi), &sin_phi, &cos_phi);
     float r2 = kd_uniform(key, salt_r);
     float radius = sqrtf(r2);
-    float local_x = radius * cosf(phi);
-    float local_y = radius * sinf(phi);
+    float local_x = radius * cos_phi;
+    float local_y = radius * sin_phi;
     float local_z = sqrtf(fmaxf(0.0f, 1.0f - r2));
     float sign = normal.z >= 0.0f ? 1.0f : -1.0f;
     float a = -1.0f / (sign + normal.z);

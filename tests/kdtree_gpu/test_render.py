@@ -412,3 +412,33 @@ def test_emission_leaves_the_front_face_unless_two_sided():
     both = dataclasses.replace(up, two_sided_emission=True)
     image_both = render_cpu(both, size=8, spp=256, max_depth=1).image
     assert abs(image_both.mean() / expected - 1) < 0.02
+
+
+def test_renderer_reuses_its_tree_and_profiles_on_request():
+    renderer = R.Renderer(box_room(), 8, 8, device="cpu", accel="brute")
+    quiet = renderer.render(spp=2, max_depth=2, profile=False)
+    loud = renderer.render(spp=2, max_depth=2, profile=True)
+    assert quiet.stats["stages"] == {}
+    assert "render: sample bsdf" in loud.stats["stages"]
+    np.testing.assert_array_equal(quiet.image, loud.image)
+
+
+def test_every_kernel_launch_passes_as_many_arguments_as_the_kernel_takes():
+    # the CUDA kernels cannot run here; at least their signatures and the
+    # launches in render.py must agree
+    import ast
+    import re
+    from pathlib import Path
+
+    cu = (Path(R.__file__).parent / "cuda" / R.RENDER_SOURCE).read_text()
+    params = {name: len([p for p in body.split(",") if p.strip()])
+              for name, body in re.findall(r'extern "C" __global__ void (kd_\w+)\((.*?)\)\s*\{', cu,
+                                           re.S)}
+    launches = {}
+    for node in ast.walk(ast.parse(Path(R.__file__).read_text())):
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") == "_launch":
+            name = node.args[2].value
+            assert isinstance(node.args[4], ast.Tuple)
+            launches[name] = len(node.args[4].elts)
+    assert launches and set(launches) == set(params)
+    assert launches == params
