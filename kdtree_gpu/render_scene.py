@@ -383,7 +383,8 @@ def as_render_scene(scene_or_mesh, camera: Optional[Camera] = None) -> RenderSce
         through its ``vertices``, ``faces``, ``tri_material`` (or
         ``material_ids``), ``material_albedo`` (or ``albedo``),
         ``material_emission`` (or ``emission``) and ``camera`` attributes or
-        keys. A bare mesh gets :func:`mesh_scene`'s defaults.
+        keys. A bare mesh, or a scene object without materials, gets
+        :func:`mesh_scene`'s defaults.
     camera : Camera, optional
         Replaces the scene's camera.
 
@@ -412,6 +413,11 @@ def as_render_scene(scene_or_mesh, camera: Optional[Camera] = None) -> RenderSce
         if materials is not None and (albedo is None or emission is None):
             albedo = _scene_attr(materials, ("albedo", "material_albedo"))
             emission = _scene_attr(materials, ("emission", "material_emission"))
+        if V is not None and F is not None and tri_material is None and albedo is None \
+                and emission is None:
+            # a geometry-only scene: light and frame it like a bare mesh
+            scene = mesh_scene(V, F, name=str(_scene_attr(obj, ("name",)) or "mesh"))
+            return scene if camera is None else scene.with_camera(_camera_from(camera))
         missing = [n for n, v in (("vertices", V), ("faces", F), ("tri_material", tri_material),
                                   ("material_albedo", albedo), ("material_emission", emission))
                    if v is None]

@@ -442,3 +442,23 @@ def test_every_kernel_launch_passes_as_many_arguments_as_the_kernel_takes():
             launches[name] = len(node.args[4].elts)
     assert launches and set(launches) == set(params)
     assert launches == params
+
+
+def test_builtin_scenes_are_accepted():
+    scenes = pytest.importorskip("kdtree_gpu.scenes")
+    cornell = as_render_scene(scenes.cornell_box())
+    assert cornell.num_triangles == scenes.cornell_box().faces.shape[0]
+    light_tri, _, _, _ = light_tables(cornell)
+    assert len(light_tri) == 2
+    # the Cornell light faces down: its front face lights the floor
+    assert np.all(cornell.vertices[cornell.faces[light_tri]][:, :, 1] > 1.9)
+    sphere = as_render_scene(scenes.icosphere(1))  # geometry only: default light and camera
+    assert sphere.num_triangles == 80 + 2
+
+
+def test_cornell_box_renders_with_the_kdtree_on_cpu():
+    scenes = pytest.importorskip("kdtree_gpu.scenes")
+    kd = R.render(scenes.cornell_box(), 16, 16, spp=8, max_depth=4, device="cpu")
+    brute = R.render(scenes.cornell_box(), 16, 16, spp=8, max_depth=4, device="cpu", accel="brute")
+    assert np.all(np.isfinite(kd.image)) and kd.image.mean() > 0
+    assert abs(kd.image.mean() / brute.image.mean() - 1) < 0.02
