@@ -340,27 +340,22 @@ def test_cornell_box_with_mesh_renders_on_cpu():
 
 
 # --- GPU -----------------------------------------------------------------------------------
-def _gpu_accel():
-    try:
-        import kdtree_gpu.raycast_gpu  # noqa: F401
-        return "kdtree"
-    except ImportError:
-        return "brute"
-
-
 @pytest.mark.gpu
 def test_gpu_furnace():
-    result = R.render(furnace_scene(0.5), 64, 64, spp=64, max_depth=None, device="cuda",
-                      accel=_gpu_accel())
-    assert np.all(np.isfinite(result.image))
-    assert abs(result.image.mean() / 2.0 - 1) < 0.01
+    for compaction in (True, False):
+        result = R.render(furnace_scene(0.5), 64, 64, spp=64, max_depth=None, device="cuda",
+                          compaction=compaction)
+        assert np.all(np.isfinite(result.image))
+        assert abs(result.image.mean() / 2.0 - 1) < 0.01
 
 
 @pytest.mark.gpu
 def test_gpu_and_cpu_agree_in_mean():
-    scene = box_room()
-    gpu = R.render(scene, 32, 32, spp=64, max_depth=6, device="cuda", accel=_gpu_accel())
-    cpu = render_cpu(scene, size=32, spp=64, max_depth=6)
+    # same tree, same random numbers: the two renders differ by rounding only
+    cpu_renderer = R.Renderer(box_room(), 32, 32, device="cpu")
+    gpu_renderer = R.Renderer(box_room(), 32, 32, device="cuda", tree=cpu_renderer.tree)
+    cpu = cpu_renderer.render(spp=64, max_depth=6)
+    gpu = gpu_renderer.render(spp=64, max_depth=6)
     assert np.all(np.isfinite(gpu.image))
     assert abs(gpu.image.mean() / cpu.image.mean() - 1) < 0.01
 
@@ -369,24 +364,23 @@ def test_gpu_and_cpu_agree_in_mean():
 def test_gpu_kernels_match_array_twins():
     # same random numbers and the same arithmetic up to rounding: the CUDA
     # kernels and the array-expression stages run on CuPy give nearly equal images
-    scene = box_room()
-    kw = dict(spp=16, max_depth=5, device="cuda", accel=_gpu_accel())
-    kernels = R.render(scene, 32, 32, kernels="cuda", **kw)
-    twins = R.render(scene, 32, 32, kernels="xp", **kw)
-    assert abs(kernels.image.mean() / twins.image.mean() - 1) < 0.01
-    close = np.isclose(kernels.image, twins.image, rtol=1e-3, atol=1e-4)
-    assert close.mean() > 0.9
+    kernels = R.Renderer(box_room(), 32, 32, device="cuda", kernels="cuda")
+    twins = R.Renderer(box_room(), 32, 32, device="cuda", kernels="xp", tree=kernels.tree)
+    a = kernels.render(spp=16, max_depth=5).image
+    b = twins.render(spp=16, max_depth=5).image
+    assert abs(a.mean() / b.mean() - 1) < 0.01
+    assert np.isclose(a, b, rtol=1e-3, atol=1e-4).mean() > 0.9
 
 
 @pytest.mark.gpu
 def test_gpu_compaction_does_not_change_the_image():
-    scene = box_room()
-    kw = dict(spp=8, max_depth=8, device="cuda", accel=_gpu_accel())
-    on = R.render(scene, 32, 32, compaction=True, **kw)
-    off = R.render(scene, 32, 32, compaction=False, **kw)
+    renderer = R.Renderer(box_room(), 32, 32, device="cuda")
+    on = renderer.render(spp=8, max_depth=8, compaction=True)
+    off = renderer.render(spp=8, max_depth=8, compaction=False)
     np.testing.assert_allclose(on.image, off.image, rtol=1e-4, atol=1e-5)
     assert off.stats["queue_per_depth"][-1] == 32 * 32 * 8
     assert on.stats["queue_per_depth"][-1] < 32 * 32 * 8
+    assert on.stats["paths_per_depth"] == off.stats["paths_per_depth"]
 
 
 def test_icosphere_is_closed_and_wound_inward():
