@@ -1081,6 +1081,8 @@ class Renderer:
             self.tree = tree
             self.tracer = KdTreeTracer(tree, self.device)
         self.device_scene = upload_scene(xp, self.scene, self.width, self.height, ray_epsilon)
+        # stages run as the CUDA kernels of render.cu (else as array expressions)
+        self.use_kernels = self.device == "cuda" and self.kernels == "cuda"
 
     def render(self, spp: int = 64, max_depth: Optional[int] = 8, compaction: bool = True,
                seed: int = 0, rr_start_depth: int = DEFAULT_RR_START_DEPTH,
@@ -1104,8 +1106,7 @@ class Renderer:
         ctx = RenderContext(
             xp=xp, device=self.device, scene=self.device_scene, tracer=self.tracer,
             width=self.width, height=self.height, seed=int(seed), max_depth=max_depth,
-            rr_start_depth=rr_start_depth, compaction=compaction,
-            use_kernels=(self.device == "cuda" and self.kernels == "cuda"))
+            rr_start_depth=rr_start_depth, compaction=compaction, use_kernels=self.use_kernels)
         ctx.pass_radiance = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
         ctx.film_sum = xp.zeros((ctx.num_pixels, 3), dtype=np.float32)
         if paths_per_pass is None:
