@@ -77,6 +77,14 @@ from .render_image import save_png, tonemap  # noqa: F401  (public API of this m
 from .render_scene import (Camera, RenderScene, SceneError, as_render_scene, light_tables,  # noqa: F401
                            mesh_scene, triangle_records)
 
+__all__ = [
+    "render", "Renderer", "RenderResult", "RenderScene", "Camera", "SceneError", "mesh_scene",
+    "save_png", "tonemap", "PathQueue", "HitQueue", "LightSampleQueue", "ShadowQueue",
+    "generate_camera_rays", "intersect_closest", "handle_escaped_rays", "add_emission",
+    "sample_lights", "expand_light_samples", "trace_shadow_rays", "sample_bsdf",
+    "russian_roulette", "compact_paths", "accumulate_film", "trace_paths",
+]
+
 RENDER_SOURCE = "render.cu"
 ACCEL_CHOICES = ("kdtree", "brute")
 KERNEL_CHOICES = ("cuda", "xp")
