@@ -78,7 +78,7 @@ _F32_ONE = np.float32(1.0)
 
 
 # --- the watertight test ------------------------------------------------------
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def setup_watertight(o, d):
     """Per-ray constants of the watertight test.
 
@@ -110,7 +110,7 @@ def setup_watertight(o, d):
     return kx, ky, kz, sx, sy, sz
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, face, tmin, tmax):
     """Watertight ray-triangle test of one triangle (two-sided, float32).
 
@@ -175,7 +175,7 @@ def hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, face, tmin, tmax):
     return True, t, v, w, det
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _scene_extent(o, lo, hi):
     # largest coordinate difference between the origin and the root box: the
     # scale of every rounding error of this ray
@@ -185,7 +185,7 @@ def _scene_extent(o, lo, hi):
     return e
 
 
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _clip_slab(lo, hi, o, inv, t0, t1):
     # a direction component of 0 (infinite reciprocal) keeps the ray only when
     # its origin lies inside the slab, instead of computing 0 * inf = NaN
@@ -358,7 +358,7 @@ def occluded_cpu(tree, origins, directions, tmin, tmax):
 
 
 # --- brute force ------------------------------------------------------------------
-@numba.njit(cache=True, inline="always", error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _ray_meets_box(o64, inv64, box_lo, box_hi, pad, t_lo, t_hi):
     # float64 slab test against the box grown by pad; True when the ray's
     # segment [t_lo, t_hi] may touch it
