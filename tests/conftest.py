@@ -126,11 +126,9 @@ def build_median_tree(vertices, faces, leaf_size=4, max_depth=24) -> KdTree:
 
 
 def build_test_tree(vertices, faces) -> KdTree:
-    """A tree from ``cpu_reference.build`` when it is available, else the median tree."""
-    try:
-        from cpu_reference import build
-    except ImportError:
-        return build_median_tree(vertices, faces)
+    """A full-SAH tree from the CPU reference builder (``cpu_reference.build``)."""
+    from cpu_reference import build
+
     return build(vertices, faces)
 
 
@@ -138,6 +136,18 @@ def build_test_tree(vertices, faces) -> KdTree:
 def make_tree():
     """Fixture form of :func:`build_test_tree`: ``make_tree(vertices, faces)``."""
     return build_test_tree
+
+
+@pytest.fixture(scope="session")
+def mesh_file():
+    """Fixture form of :func:`require_mesh`: ``mesh_file("suzanne.ply")`` or skip."""
+    return require_mesh
+
+
+@pytest.fixture(scope="session")
+def has_gpu():
+    """Whether CuPy sees a usable CUDA GPU."""
+    return gpu_usable()
 
 
 @pytest.fixture(scope="session")

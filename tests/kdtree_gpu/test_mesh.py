@@ -8,8 +8,6 @@ import kdtree_gpu as kd
 from kdtree_gpu.geometry import MeshError
 from kdtree_gpu.mesh import as_arrays, load_mesh, mesh_dir
 
-from conftest import require_mesh
-
 
 @pytest.fixture
 def box_mesh():
@@ -110,7 +108,7 @@ def test_as_arrays_forms(box_mesh):
     assert load_mesh(mesh)[1].shape == F.shape
 
 
-def test_real_mesh_by_name():
-    require_mesh("suzanne.ply")
+def test_real_mesh_by_name(mesh_file):
+    mesh_file("suzanne.ply")
     V, F = load_mesh("suzanne")
     assert V.shape == (507, 3) and F.shape == (968, 3)

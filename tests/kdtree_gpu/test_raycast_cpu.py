@@ -9,8 +9,6 @@ from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.raycast_cpu import brute_cpu
 from kdtree_gpu.tree import KdTree
 
-from conftest import gpu_usable, require_mesh
-
 NUM_RAYS = 100_000
 
 
@@ -59,8 +57,8 @@ def assert_same_hits(result, expected, rtol=1e-5):
 
 
 @pytest.mark.parametrize("name", ["suzanne.ply", "stanford_bunny.ply", "sponza_dabrovic.ply"])
-def test_traversal_equals_brute_force(name, make_tree, rng):
-    V, F = load_ply(require_mesh(name))
+def test_traversal_equals_brute_force(name, make_tree, mesh_file, rng):
+    V, F = load_ply(mesh_file(name))
     tree = make_tree(V, F)
     O, D, tmin, tmax = random_rays(tree.bounds, NUM_RAYS, rng)
     result = tree.intersect(O, D, tmin, tmax)
@@ -73,8 +71,8 @@ def test_traversal_equals_brute_force(name, make_tree, rng):
 
 
 @pytest.mark.parametrize("name, num_rays", [("suzanne.ply", 20_000), ("stanford_bunny.ply", 400)])
-def test_brute_force_culling_changes_nothing(name, num_rays, rng):
-    V, F = load_ply(require_mesh(name))
+def test_brute_force_culling_changes_nothing(name, num_rays, mesh_file, rng):
+    V, F = load_ply(mesh_file(name))
     lo, hi = V.min(axis=0), V.max(axis=0)
     O, D, tmin, tmax = random_rays(np.stack([lo, hi]), num_rays, rng)
     culled = brute_cpu(V, F, O, D, tmin, tmax, cull=True)
@@ -206,8 +204,9 @@ def test_bad_rays_raise(origins, directions, kwargs, message):
         tree.occluded(np.array(origins, np.float64), np.array(directions, np.float64), **kwargs)
 
 
-@pytest.mark.skipif(gpu_usable(), reason="checks the error without a GPU")
-def test_cuda_without_gpu_is_a_clear_error():
+def test_cuda_without_gpu_is_a_clear_error(has_gpu):
+    if has_gpu:
+        pytest.skip("checks the error without a GPU")
     with pytest.raises(RuntimeError, match="no usable CUDA GPU"):
         one_triangle_tree().intersect([[0, 0, 0]], [[0, 0, 1]], device="cuda")
 
@@ -218,10 +217,11 @@ def test_empty_ray_batch():
 
 
 @pytest.mark.gpu
-def test_gpu_equals_cpu(make_tree, rng):
+@pytest.mark.parametrize("name", ["suzanne.ply", "stanford_bunny.ply", "sponza_dabrovic.ply"])
+def test_gpu_equals_cpu(name, make_tree, mesh_file, rng):
     import cupy
 
-    V, F = load_ply(require_mesh("stanford_bunny.ply"))
+    V, F = load_ply(mesh_file(name))
     tree = make_tree(V, F)
     O, D, tmin, tmax = random_rays(tree.bounds, NUM_RAYS, rng)
     cpu = tree.intersect(O, D, tmin, tmax, device="cpu")
@@ -231,10 +231,26 @@ def test_gpu_equals_cpu(make_tree, rng):
     gpu = tree.intersect(cupy.asarray(O), cupy.asarray(D), cupy.asarray(tmin), cupy.asarray(tmax))
     assert all(isinstance(a, cupy.ndarray) for a in gpu)
     assert_same_hits(tuple(a.get() for a in gpu), cpu)
-    np.testing.assert_array_equal(tree.occluded(cupy.asarray(O), cupy.asarray(D), tmin, tmax).get(),
-                                  tree.occluded(O, D, tmin, tmax))
+    hit_any = tree.occluded(cupy.asarray(O), cupy.asarray(D), tmin, tmax)
+    assert isinstance(hit_any, cupy.ndarray)
+    np.testing.assert_array_equal(hit_any.get(), tree.occluded(O, D, tmin, tmax))
     brute = raycast.intersect_brute(tree, O, D, tmin=tmin, tmax=tmax, device="cuda")
     assert_same_hits(brute, cpu)
+
+
+@pytest.mark.gpu
+def test_gpu_rays_never_escape_and_bad_rays_raise(make_tree):
+    import cupy
+
+    V, F, targets = icosphere_rays(subdivisions=3)
+    tree = make_tree(V, F)
+    O = cupy.zeros((targets.shape[0], 3), cupy.float32)
+    D = cupy.asarray(targets, dtype=cupy.float32)
+    _, tri, _, _ = tree.intersect(O, D)
+    assert bool((tri >= 0).all())
+    D[3] = 0
+    with pytest.raises(ValueError, match="ray 3 has a zero-length direction"):
+        tree.intersect(O, D)
 
 
 @pytest.mark.gpu
