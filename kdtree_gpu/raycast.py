@@ -206,7 +206,9 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit):
         from .raycast_gpu import intersect_gpu, occluded_gpu
 
         device_id = _device_id(origins, like_kind)
-        with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.runtime.getDevice()):
+        if device_id is None:
+            device_id = cupy.cuda.runtime.getDevice()
+        with cupy.cuda.Device(device_id):
             args = check_rays(origins, directions, tmin, tmax, xp=cupy)
             results = (occluded_gpu(tree, *args),) if any_hit else intersect_gpu(tree, *args)
     return tuple(_result_like(r, origins, like_kind) for r in results)
@@ -280,7 +282,9 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
         from .raycast_gpu import brute_intersect_gpu, brute_occluded_gpu
 
         device_id = _device_id(origins, like_kind)
-        with cupy.cuda.Device(device_id if device_id is not None else cupy.cuda.runtime.getDevice()):
+        if device_id is None:
+            device_id = cupy.cuda.runtime.getDevice()
+        with cupy.cuda.Device(device_id):
             args = check_rays(origins, directions, tmin, tmax, xp=cupy)
             results = (brute_occluded_gpu(V, F, *args),) if any_hit else \
                 brute_intersect_gpu(V, F, *args)

@@ -464,7 +464,8 @@ def cluster_triangles(vertices, faces):
     tri_lo, tri_hi = corners.min(axis=1), corners.max(axis=1)
     if valid.size == 0:
         empty = np.zeros((0, 3), np.float32)
-        return valid, np.zeros(1, np.int64), empty, empty, empty, empty, np.zeros((2, 3), np.float32)
+        return (valid, np.zeros(1, np.int64), empty, empty, empty, empty,
+                np.zeros((2, 3), np.float32))
     bounds = np.stack([tri_lo.min(axis=0), tri_hi.max(axis=0)])
     centre = 0.5 * (tri_lo.astype(np.float64) + tri_hi)
     extent = np.maximum(bounds[1].astype(np.float64) - bounds[0], 1e-30)

@@ -286,7 +286,8 @@ def random_soup(n: int = 10_000, seed: int = 0, box_size: float = 1.0,
     return Scene(f"soup{n}", corners.reshape(-1, 3), np.arange(3 * n).reshape(n, 3))
 
 
-def quad_grid(n: int = 16, layers: int = 3, spacing: float = 1.0, quad_fraction: float = 0.8) -> Scene:
+def quad_grid(n: int = 16, layers: int = 3, spacing: float = 1.0,
+              quad_fraction: float = 0.8) -> Scene:
     """Axis-aligned square quads on planes of the three axes: many planar triangles.
 
     For every axis there are ``layers`` planes perpendicular to it, each with

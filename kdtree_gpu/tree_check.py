@@ -190,13 +190,15 @@ def _check_structure(tree):
     nonzero = tree.node_count[interior] != 0
     if nonzero.any():
         i = int(interior[np.flatnonzero(nonzero)[0]])
-        _fail("children in range", f"interior node {i} has node_count {int(tree.node_count[i])}, not 0")
+        _fail("children in range",
+              f"interior node {i} has node_count {int(tree.node_count[i])}, not 0")
     num_parents = np.bincount(np.concatenate([left, left + 1]), minlength=num_nodes)
     if num_parents[0] != 0:
         _fail("node 0 is the root", "node 0 is the child of another node")
     if (num_parents[1:] > 1).any():
         i = int(np.flatnonzero(num_parents[1:] > 1)[0]) + 1
-        _fail("each node reached exactly once", f"node {i} is the child of {int(num_parents[i])} nodes")
+        _fail("each node reached exactly once",
+              f"node {i} is the child of {int(num_parents[i])} nodes")
     if (num_parents[1:] == 0).any():
         i = int(np.flatnonzero(num_parents[1:] == 0)[0]) + 1
         _fail("each node reached exactly once", f"node {i} is no node's child (orphan)")
@@ -264,7 +266,8 @@ def _check_leaves(tree, node_lo, node_hi):
         leaf, tri = int(ref_leaf[j]), int(ref_tri[j])
         _fail("every reference meets its leaf box",
               f"triangle {tri} (box {tri_lo[tri].tolist()} - {tri_hi[tri].tolist()}) is in leaf "
-              f"{leaf} whose box {node_lo[leaf].tolist()} - {node_hi[leaf].tolist()} it does not meet")
+              f"{leaf} whose box {node_lo[leaf].tolist()} - {node_hi[leaf].tolist()} "
+              "it does not meet")
 
     same_leaf = ref_leaf[1:] == ref_leaf[:-1]
     descending = same_leaf & (ref_tri[1:] <= ref_tri[:-1])

@@ -53,7 +53,8 @@ MODELS = (
           None,  # not pinned yet
           "bunny/reconstruction/bun_zipper.ply", ".ply",
           "Stanford Bunny, full resolution (69,451 triangles)"),
-    Model("stanford_dragon", "http://graphics.stanford.edu/pub/3Dscanrep/dragon/dragon_recon.tar.gz",
+    Model("stanford_dragon",
+          "http://graphics.stanford.edu/pub/3Dscanrep/dragon/dragon_recon.tar.gz",
           None,  # not pinned yet
           "dragon_recon/dragon_vrip.ply", ".ply",
           "Stanford Dragon, full resolution (871,414 triangles)"),
@@ -72,7 +73,8 @@ MODELS = (
     Model("sponza_crytek",
           "https://casual-effects.com/g3d/data10/common/model/crytek_sponza/sponza.zip",
           None,  # not pinned yet
-          "sponza.obj", ".obj", "Crytek Sponza (McGuire Computer Graphics Archive, 262,267 triangles)"),
+          "sponza.obj", ".obj",
+          "Crytek Sponza (McGuire Computer Graphics Archive, 262,267 triangles)"),
     Model("conference",
           "https://casual-effects.com/g3d/data10/research/model/conference/conference.zip",
           None,  # not pinned yet; address follows the archive's naming pattern

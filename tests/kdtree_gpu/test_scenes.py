@@ -128,7 +128,8 @@ def test_committed_cornell_obj_matches_the_scene(tmp_path):
     assert (folder / "cornell_box.mtl").read_text() == writer.mtl_text(scene)
     V, F = load_mesh(folder / "cornell_box.obj")
     corners = np.sort(V[F].reshape(len(F), 9), axis=0)
-    np.testing.assert_array_equal(corners, np.sort(scene.vertices[scene.faces].reshape(-1, 9), axis=0))
+    expected = np.sort(scene.vertices[scene.faces].reshape(-1, 9), axis=0)
+    np.testing.assert_array_equal(corners, expected)
     # materials survive the round trip through trimesh's OBJ/MTL reader
     loaded = trimesh.load(folder / "cornell_box.obj", process=False)
     light = loaded.geometry["light"]

@@ -81,7 +81,10 @@ def test_truncated_file(tree, tmp_path, keep):
     path = tmp_path / "tree.kdt"
     save_tree(tree, path)
     data = path.read_bytes()
-    n = int(len(data) * keep) if isinstance(keep, float) else (keep if keep >= 0 else len(data) + keep)
+    if isinstance(keep, float):
+        n = int(len(data) * keep)
+    else:
+        n = keep if keep >= 0 else len(data) + keep
     path.write_bytes(data[:n])
     message = "not a kdtree-gpu tree file" if n < 8 else "truncated file"
     with pytest.raises(TreeFileError, match=message):
