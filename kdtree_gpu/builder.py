@@ -36,7 +36,7 @@ import numpy as np
 from . import encoding as enc
 from .backend import resolve_device
 from .config import SAHConfig
-from .geometry import prepare_mesh
+from .geometry import coerce_mesh, prepare_mesh
 from .launch import stage
 from .primitives import exclusive_scan, segmented_argmin, upper_bound
 from .tree import KdTree
@@ -570,9 +570,6 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         raise ValueError(f"kernels must be 'fused' or 'xp', got {kernels!r}")
     dev = resolve_device(device)
     vertices, faces = _as_mesh_arrays(vertices, faces)
-    V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
-    if F.shape[0] > MAX_TRIANGLES:
-        raise ValueError(f"too many triangles: {F.shape[0]} (at most {MAX_TRIANGLES})")
     if cfg.clip:
         if dev == "cuda":
             raise NotImplementedError(
@@ -580,7 +577,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
                 "use device='cpu' (which runs cpu_reference.build) or clip=False")
         import cpu_reference
 
-        tree = cpu_reference.build(V, F, cfg)
+        tree = cpu_reference.build(vertices, faces, cfg)
         tree.build_info["requested_device"] = "cpu"
         return tree
 
@@ -588,32 +585,42 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
 
     from .launch import Profiler
 
+    if np.shape(faces)[0] > MAX_TRIANGLES:
+        raise ValueError(f"too many triangles: {np.shape(faces)[0]} (at most {MAX_TRIANGLES})")
     t0 = time.perf_counter()
     if dev == "cuda":
-        import cupy as xp
+        import cupy as cp
 
-        pool = xp.get_default_memory_pool()
-        pool.free_all_blocks()
-        used_before = pool.total_bytes()
+        if kernels == "fused":
+            V, F = coerce_mesh(vertices, faces)
+            level_loop = _build_levels_cuda
+        else:
+            V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
+            level_loop = None
         try:
             with (Profiler() if profile else contextlib.nullcontext()) as prof:
-                level_loop = _build_levels_cuda if kernels == "fused" else _build_levels
-                arrays = level_loop(xp, cfg, tri_lo, tri_hi, valid, bounds)
-        except xp.cuda.memory.OutOfMemoryError as exc:
-            pool.free_all_blocks()
+                if level_loop is not None:
+                    host, info = level_loop(cp, cfg, V, F)
+                else:
+                    arrays = _build_levels(cp, cfg, tri_lo, tri_hi, valid, bounds)
+                    host = [a.get() for a in arrays[:5]]
+                    info = {"levels": arrays[5], "level_sizes": arrays[6], "bounds": bounds,
+                            "num_degenerate": int((~valid).sum())}
+        except cp.cuda.memory.OutOfMemoryError as exc:
+            cp.get_default_memory_pool().free_all_blocks()
             raise MemoryError(
                 f"the kd-tree build of {F.shape[0]} triangles does not fit in GPU memory "
                 f"({exc}); try device='cpu' or a smaller mesh") from None
-        peak = pool.total_bytes() - used_before
-        host = [a.get() for a in arrays[:5]]
-        build_info = {"builder": "kdtree_gpu.level", "device": "cuda", "levels": arrays[5],
-                      "level_sizes": arrays[6], "kernels": kernels,
-                      "peak_device_bytes": int(peak)}
-        pool.free_all_blocks()
+        bounds = info.pop("bounds")
+        num_degenerate = info.pop("num_degenerate")
+        build_info = {"builder": "kdtree_gpu.level", "device": "cuda", "kernels": kernels,
+                      **info}
     else:
+        V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
         with (Profiler() if profile else contextlib.nullcontext()) as prof:
             arrays = _build_levels(np, cfg, tri_lo, tri_hi, valid, bounds)
         host = list(arrays[:5])
+        num_degenerate = int((~valid).sum())
         build_info = {"builder": "kdtree_gpu.level", "device": "cpu", "levels": arrays[5],
                       "level_sizes": arrays[6]}
     build_info["seconds"] = time.perf_counter() - t0
@@ -623,7 +630,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
     node_axis, node_split, node_child, node_count, leaf_tris = host
     return KdTree(node_axis=node_axis, node_split=node_split, node_child=node_child,
                   node_count=node_count, leaf_tris=leaf_tris, bounds=bounds, vertices=V,
-                  faces=F, config=cfg, num_degenerate=int((~valid).sum()),
+                  faces=F, config=cfg, num_degenerate=num_degenerate,
                   build_info=build_info)
 
 
@@ -659,7 +666,9 @@ def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
             node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
             node_active = (node_n > cfg.leaf_size) & (level < max_depth)
             if cfg.axes == "longest":
-                longest = xp.argmax(nodes.node_hi - nodes.node_lo, axis=1)
+                # float64 extents, as in the reference (R5)
+                longest = xp.argmax(nodes.node_hi.astype(np.float64)
+                                    - nodes.node_lo.astype(np.float64), axis=1)
                 node_axis_mask = xp.arange(3)[:, None] == longest[None, :]
             else:
                 node_axis_mask = xp.ones((3, n), dtype=bool)
@@ -734,84 +743,221 @@ def _axis_event_counts(xp, events):
 
 
 # --- the fused CUDA level loop ---------------------------------------------------------
-def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
-    """The level loop of :func:`_build_levels` with the element-wise work of
-    each stage fused into the kernels of ``cuda/build.cu``.
+_SCAN_TILE = 256 * 8  # KD_SCAN_TILE in cuda/build.cu
 
-    Same stages, same rules and same outputs as the xp loop, which is these
-    kernels' NumPy twin (the GPU tests compare the two). Per level: one
-    device-to-host read of four counts; every other size is a host value.
-    """
+
+def _kernel(name):
     from .kernels import get_function
+
+    return get_function("build.cu", name)
+
+
+def scan_inclusive_cuda(cp, values, description):
+    """Inclusive scan of an int64 CuPy array with the three-launch scan of build.cu.
+
+    Its NumPy twin is ``np.cumsum``; CuPy's ``cumsum`` gives the same
+    numbers with more host work per call, which dominates small levels.
+
+    Returns
+    -------
+    (n,) int64
+    """
     from .launch import launch
 
-    def kernel(name):
-        return get_function("build.cu", name)
+    n = int(values.shape[0])
+    out = cp.empty(n, dtype=np.int64)
+    if n == 0:
+        return out
+    num_tiles = (n + _SCAN_TILE - 1) // _SCAN_TILE
+    tile = cp.empty(num_tiles, dtype=np.int64)
+    i64 = np.int64
+    launch(description + ": tile sums", _kernel("kd_scan_tile_sums"), num_tiles * 256,
+           (values, i64(n), tile))
+    launch(description + ": tile prefix", _kernel("kd_scan_tile_prefix"), 256,
+           (tile, i64(num_tiles)))
+    launch(description + ": tiles", _kernel("kd_scan_tiles"), num_tiles * 256,
+           (values, i64(n), tile, out))
+    return out
+
+
+def prepare_mesh_cuda(cp, V, F):
+    """Rule R1 on the device: triangle boxes, degenerate test, root box.
+
+    Parameters
+    ----------
+    V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
+        Host arrays from :func:`kdtree_gpu.geometry.coerce_mesh`.
+
+    Returns
+    -------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    ref_tri : (num_valid,) int32 (device)
+        The non-degenerate triangles, ascending.
+    bounds : (2, 3) float32 (host)
+    planar : (3,) int (host)
+        Valid triangles that are flat on each axis (one event instead of two).
+    valid : (num_triangles,) bool (host)
+    """
+    from .geometry import MeshError, validate_mesh
+    from .launch import launch
+
+    m = int(F.shape[0])
+    V_d = cp.asarray(V)
+    F_d = cp.asarray(F)
+    tri_lo = cp.empty((m, 3), dtype=np.float32)
+    tri_hi = cp.empty((m, 3), dtype=np.float32)
+    valid = cp.empty(m, dtype=np.uint8)
+    flags = cp.zeros(1, dtype=np.uint32)
+    launch("prepare_mesh", _kernel("kd_prepare_triangles"), m,
+           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, flags))
+    mask = valid.astype(bool)
+    inf = np.float32(np.inf)
+    lo = cp.where(mask[:, None], tri_lo, inf).min(axis=0)
+    hi = cp.where(mask[:, None], tri_hi, -inf).max(axis=0)
+    planar = ((tri_lo == tri_hi) & mask[:, None]).sum(axis=0)
+    # One deliberate read: problems, root box and event counts size everything after.
+    summary = cp.concatenate([flags.astype(np.float64), lo.astype(np.float64),
+                              hi.astype(np.float64), planar.astype(np.float64)]).get()
+    if summary[0] != 0:
+        validate_mesh(V, F)  # names the first bad vertex or face
+        raise MeshError("invalid mesh (non-finite coordinates or out-of-range indices)")
+    valid_h = mask.get()
+    if not valid_h.any():
+        raise MeshError(f"all {m} triangles are degenerate (zero area); nothing to build")
+    ref_tri = cp.nonzero(mask)[0].astype(np.int32)
+    bounds = summary[1:7].reshape(2, 3).astype(np.float32)
+    return tri_lo, tri_hi, ref_tri, bounds, summary[7:10].astype(np.int64), valid_h
+
+
+def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar):
+    """Rule R3 on the device: one key per event, three radix sorts, decode.
+
+    Returns
+    -------
+    EventSoA
+    axis_counts : list of int
+        Events per axis.
+    """
+    from .launch import launch
+
+    num_refs = int(ref_tri.shape[0])
+    keys = cp.empty((3, 2 * num_refs), dtype=np.uint64)
+    launch("create_root_events: keys", _kernel("kd_root_event_keys"), num_refs,
+           (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
+    counts = [2 * num_refs - int(p) for p in planar]
+    total = sum(counts)
+    events = EventSoA(event_pos=cp.empty(total, dtype=enc.EVENT_POS_DTYPE),
+                      event_kind=cp.empty(total, dtype=enc.EVENT_KIND_DTYPE),
+                      event_ref=cp.empty(total, dtype=np.int32),
+                      event_seg=cp.empty(total, dtype=np.int32))
+    offset = 0
+    for axis in range(3):
+        with stage(xp=cp, description="create_root_events: sort"):
+            # Keys are unique, so any sort gives rule R3's one order; planar
+            # triangles' unused slots hold the largest key and sort last.
+            sorted_keys = cp.sort(keys[axis])
+        c = counts[axis]
+        launch("create_root_events: decode", _kernel("kd_root_events_decode"), c,
+               (sorted_keys, np.int64(c), np.int32(axis), events.event_pos[offset:offset + c],
+                events.event_kind[offset:offset + c], events.event_ref[offset:offset + c],
+                events.event_seg[offset:offset + c]))
+        offset += c
+    return events, counts
+
+
+class _OutputBuffers:
+    """Device node arrays and leaf list, written level by level at offsets,
+    grown by doubling (no per-level concatenation)."""
+
+    def __init__(self, cp, node_capacity, leaf_capacity):
+        self.cp = cp
+        self.node = [cp.empty(node_capacity, dtype=dt) for dt in
+                     (enc.NODE_AXIS_DTYPE, enc.NODE_SPLIT_DTYPE, enc.NODE_CHILD_DTYPE,
+                      enc.NODE_COUNT_DTYPE)]
+        self.leaf = cp.empty(leaf_capacity, dtype=enc.LEAF_TRIS_DTYPE)
+
+    @staticmethod
+    def _grow(cp, arr, need):
+        if need <= arr.shape[0]:
+            return arr
+        bigger = cp.empty(max(need, 2 * arr.shape[0]), dtype=arr.dtype)
+        bigger[:arr.shape[0]] = arr
+        return bigger
+
+    def reserve(self, num_nodes, num_leaf_refs):
+        self.node = [self._grow(self.cp, a, num_nodes) for a in self.node]
+        self.leaf = self._grow(self.cp, self.leaf, num_leaf_refs)
+
+
+def _build_levels_cuda(cp, cfg, V, F):
+    """The level loop with the element-wise work of each stage fused into the
+    kernels of ``cuda/build.cu``.
+
+    Same stages, same rules and same outputs as :func:`_build_levels`, which
+    is these kernels' NumPy twin (the GPU tests compare the two). Per level:
+    one device-to-host read of four counts; every other size is a host value.
+
+    Returns
+    -------
+    node_axis, node_split, node_child, node_count, leaf_tris : host arrays
+    info : dict
+        levels, level_sizes, num_degenerate, bounds, peak_device_bytes.
+    """
+    from .launch import launch
 
     i64, f64 = np.int64, np.float64
-    ref_tri_h = np.flatnonzero(valid_h).astype(np.int32)
-    num_root = int(ref_tri_h.shape[0])
+    pool = cp.get_default_memory_pool()
+    peak = pool.used_bytes()
+    with stage(xp=cp, description="prepare_mesh"):
+        tri_lo, tri_hi, ref_tri, bounds, planar, valid = prepare_mesh_cuda(cp, V, F)
+    num_root = int(ref_tri.shape[0])
     max_depth = cfg.resolved_max_depth(num_root)
-    with stage(xp=cp, description="upload"):
-        tri_lo = cp.asarray(tri_lo_h)
-        tri_hi = cp.asarray(tri_hi_h)
-        ref_tri = cp.asarray(ref_tri_h)
     with stage(xp=cp, description="create_root_events"):
-        events = create_root_events(cp, tri_lo, tri_hi, ref_tri)
-        planar_h = (tri_lo_h[valid_h] == tri_hi_h[valid_h]).sum(axis=0)
-        seg_count = [2 * num_root - int(c) for c in planar_h]
+        events, axis_counts = create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar)
     refs = RefSoA(ref_tri=ref_tri, ref_node=cp.zeros(num_root, dtype=np.int32))
     nodes = NodeSoA(
-        node_lo=cp.asarray(bounds_h[0:1]).astype(np.float32),
-        node_hi=cp.asarray(bounds_h[1:2]).astype(np.float32),
+        node_lo=cp.asarray(bounds[0:1]),
+        node_hi=cp.asarray(bounds[1:2]),
         node_ref_offset=cp.asarray(np.array([0, num_root], dtype=np.int64)),
-        seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(seg_count)]).astype(np.int64)),
+        seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(axis_counts)]).astype(np.int64)),
     )
-    out = ([], [], [], [], [])
+    out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
     level_base = 0
     leaf_ref_base = 0
     level = 0
     num_events = events.size
     num_refs = refs.size
     level_sizes = []
+    longest_only = np.int32(cfg.axes == "longest")
     while True:
         n = nodes.size
         level_sizes.append((n, num_refs, num_events))
-        # -- compute_split_costs
-        with stage(xp=cp, description="compute_split_costs"):
-            node_n = nodes.node_ref_offset[1:] - nodes.node_ref_offset[:-1]
-            node_active = (node_n > cfg.leaf_size) & (level < max_depth)
-            if cfg.axes == "longest":
-                longest = cp.argmax(nodes.node_hi - nodes.node_lo, axis=1)
-                seg_enabled = (cp.arange(3)[:, None] == longest[None, :]).ravel()
-            else:
-                seg_enabled = cp.ones(3 * n, dtype=bool)
-            open_close = cp.empty(num_events + 1, dtype=np.int64)
-            head = cp.empty(num_events, dtype=np.int32)
-            seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
-            seg_best = cp.empty(3 * n, dtype=np.uint64)
-        launch("compute_split_costs: event flags", kernel("kd_event_flags"),
+        level_active = np.int32(level < max_depth)
+        # -- compute_split_costs (R5-R7)
+        open_close = cp.empty(num_events + 1, dtype=np.int64)
+        head = cp.empty(num_events, dtype=np.int64)
+        seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
+        seg_best = cp.empty(3 * n, dtype=np.uint64)
+        launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
                max(num_events, 3 * n),
                (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
                 i64(3 * n), open_close, head, seg_min_cost, seg_best))
-        with stage(xp=cp, description="compute_split_costs: scans"):
-            open_close_ex = cp.cumsum(open_close)
-            run_id = cp.cumsum(head, dtype=np.int32)
-            run_start = cp.empty(num_events, dtype=np.int32)
-        launch("compute_split_costs: run starts", kernel("kd_run_starts"), num_events,
+        open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
+        run_id = scan_inclusive_cuda(cp, head, "compute_split_costs: run scan")
+        run_start = cp.empty(num_events, dtype=np.int64)
+        launch("compute_split_costs: run starts", _kernel("kd_run_starts"), num_events,
                (head, run_id, i64(num_events), run_start))
         event_cost = cp.empty(num_events, dtype=np.float64)
         event_side = cp.empty(num_events, dtype=np.int8)
-        launch("compute_split_costs: costs", kernel("kd_split_costs"), num_events,
+        launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
                (events.event_pos, events.event_seg, head, run_id, run_start, open_close_ex,
                 nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-                node_active, seg_enabled, i64(n), i64(num_events), f64(cfg.k_traversal),
-                f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost, event_side,
-                seg_min_cost))
-        # -- select_best_splits + decide_leaves
-        # The segmented arg-min of the event costs (segmented_argmin's fused
-        # twin): the cost kernel left each segment's minimum in seg_min_cost.
-        launch("select_best_splits: segmented argmin", kernel("kd_segment_argmin"), num_events,
+                i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
+                f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
+                event_side, seg_min_cost))
+        # -- select_best_splits (R8): the cost kernel left each segment's
+        # minimum cost; this pass finds its lowest event index.
+        launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
                (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
         best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                          node_axis=cp.empty(n, dtype=np.int8),
@@ -819,82 +965,79 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
                          node_side=cp.empty(n, dtype=np.int8))
         node_split = cp.empty(n, dtype=bool)
         split_leaf = cp.empty(n + 1, dtype=np.int64)
-        launch("select_best_splits", kernel("kd_select_splits"), n,
-               (seg_best, event_cost, events.event_pos, event_side,
-                nodes.node_ref_offset, node_active, i64(n), f64(cfg.k_intersect),
+        # -- decide_leaves (R4, R8)
+        launch("select_best_splits", _kernel("kd_select_splits"), n,
+               (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
+                i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
                 best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
                 split_leaf))
-        with stage(xp=cp, description="decide_leaves: scan"):
-            split_leaf_ex = cp.cumsum(split_leaf)
-        # -- classify_triangles
+        split_leaf_ex = scan_inclusive_cuda(cp, split_leaf, "decide_leaves: scan")
+        # -- classify_triangles (R9)
         ref_class = cp.empty(num_refs, dtype=np.uint8)
         ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
-        launch("classify_triangles", kernel("kd_classify_refs"), num_refs,
+        launch("classify_triangles", _kernel("kd_classify_refs"), num_refs,
                (refs.ref_tri, refs.ref_node, best.node_axis, best.node_pos, best.node_side,
                 node_split, tri_lo, tri_hi, i64(num_refs), ref_class, ref_lr))
         event_lr = cp.empty(num_events + 1, dtype=np.int64)
-        launch("route_events: flags", kernel("kd_event_lr"), num_events,
+        launch("route_events: flags", _kernel("kd_event_lr"), num_events,
                (events.event_ref, ref_class, i64(num_events), event_lr))
-        with stage(xp=cp, description="route: scans"):
-            ref_lr_ex = cp.cumsum(ref_lr)
-            event_lr_ex = cp.cumsum(event_lr)
-            child_ref_count = cp.zeros(2 * n + 1, dtype=np.int64)
-            child_event_count = cp.zeros(6 * n + 1, dtype=np.int64)
-        launch("route_refs: child counts", kernel("kd_child_counts"), n,
+        ref_lr_ex = scan_inclusive_cuda(cp, ref_lr, "route_refs: scan")
+        event_lr_ex = scan_inclusive_cuda(cp, event_lr, "route_events: scan")
+        child_ref_count = cp.zeros(2 * n + 1, dtype=np.int64)
+        child_event_count = cp.zeros(6 * n + 1, dtype=np.int64)
+        launch("route_refs: child counts", _kernel("kd_child_counts"), n,
                (nodes.node_ref_offset, ref_lr_ex, node_split, split_leaf_ex, i64(n), i64(n),
                 child_ref_count))
-        launch("route_events: child counts", kernel("kd_child_counts"), 3 * n,
+        launch("route_events: child counts", _kernel("kd_child_counts"), 3 * n,
                (nodes.seg_event_offset, event_lr_ex, node_split, split_leaf_ex, i64(n),
                 i64(3 * n), child_event_count))
-        with stage(xp=cp, description="route: offset scans"):
-            child_ref_offset = cp.cumsum(child_ref_count)
-            child_event_offset = cp.cumsum(child_event_count)
-            totals = cp.empty(4, dtype=np.int64)
-        launch("read_level_counts", kernel("kd_level_totals"), 1,
+        child_ref_offset = scan_inclusive_cuda(cp, child_ref_count, "route_refs: offsets")
+        child_event_offset = scan_inclusive_cuda(cp, child_event_count, "route_events: offsets")
+        totals = cp.empty(4, dtype=np.int64)
+        launch("read_level_counts", _kernel("kd_level_totals"), 1,
                (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
         with stage(xp=cp, description="read_level_counts"):
             # The one deliberate device-to-host read per level: sizes of the next level.
             num_split, num_child_refs, num_child_events, num_leaf_refs = (
                 int(c) for c in totals.get())
-        # -- emit_level
-        out_axis = cp.empty(n, dtype=np.int8)
-        out_split = cp.empty(n, dtype=np.float32)
-        out_child = cp.empty(n, dtype=np.int32)
-        out_count = cp.empty(n, dtype=np.int32)
-        launch("emit_level", kernel("kd_emit_nodes"), n,
+        # -- emit_level (R10)
+        out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+        launch("emit_level", _kernel("kd_emit_nodes"), n,
                (node_split, best.node_axis, best.node_pos, split_leaf_ex, i64(n),
-                i64(level_base + n), i64(leaf_ref_base), out_axis, out_split, out_child,
-                out_count))
-        leaf_tris = cp.empty(num_leaf_refs, dtype=np.int32)
+                i64(level_base), i64(leaf_ref_base), *out.node))
+        # -- split_refs
         child_tri = cp.empty(num_child_refs, dtype=np.int32)
         child_node = cp.empty(num_child_refs, dtype=np.int32)
         ref_new_left = cp.empty(num_refs, dtype=np.int32)
         ref_new_right = cp.empty(num_refs, dtype=np.int32)
-        launch("split_refs", kernel("kd_scatter_refs"), num_refs,
+        launch("split_refs", _kernel("kd_scatter_refs"), num_refs,
                (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
-                split_leaf_ex, child_ref_offset, i64(num_refs), leaf_tris, child_tri,
-                child_node, ref_new_left, ref_new_right))
-        for lst, arr in zip(out, (out_axis, out_split, out_child, out_count, leaf_tris)):
-            lst.append(arr)
+                split_leaf_ex, child_ref_offset, i64(num_refs), i64(leaf_ref_base), out.leaf,
+                child_tri, child_node, ref_new_left, ref_new_right))
         level_base += n
         leaf_ref_base += num_leaf_refs
         level += 1
         if num_split == 0:
+            peak = max(peak, pool.used_bytes())
             break
+        # -- split_events
         ev_pos = cp.empty(num_child_events, dtype=enc.EVENT_POS_DTYPE)
         ev_kind = cp.empty(num_child_events, dtype=enc.EVENT_KIND_DTYPE)
         ev_ref = cp.empty(num_child_events, dtype=np.int32)
         ev_seg = cp.empty(num_child_events, dtype=np.int32)
-        launch("split_events", kernel("kd_scatter_events"), num_events,
+        launch("split_events", _kernel("kd_scatter_events"), num_events,
                (events.event_pos, events.event_kind, events.event_ref, events.event_seg,
                 ref_class, event_lr_ex, nodes.seg_event_offset, split_leaf_ex,
                 child_event_offset, ref_new_left, ref_new_right, i64(n), i64(num_events),
                 ev_pos, ev_kind, ev_ref, ev_seg))
+        # -- make_child_nodes
         child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
         child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
-        launch("make_child_nodes", kernel("kd_child_nodes"), n,
+        launch("make_child_nodes", _kernel("kd_child_nodes"), n,
                (nodes.node_lo, nodes.node_hi, node_split, best.node_axis, best.node_pos,
                 split_leaf_ex, i64(n), child_lo, child_hi))
+        # Both levels' arrays are alive here: the build's high-water mark.
+        peak = max(peak, pool.used_bytes())
         events = EventSoA(ev_pos, ev_kind, ev_ref, ev_seg)
         refs = RefSoA(child_tri, child_node)
         nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
@@ -902,6 +1045,8 @@ def _build_levels_cuda(cp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
                         seg_event_offset=child_event_offset[:6 * num_split + 1])
         num_events = num_child_events
         num_refs = num_child_refs
-    with stage(xp=cp, description="concatenate_output"):
-        result = [cp.concatenate(parts) for parts in out]
-    return (*result, level, level_sizes)
+    with stage(xp=cp, description="download"):
+        host = [a[:level_base].get() for a in out.node] + [out.leaf[:leaf_ref_base].get()]
+    info = {"levels": level, "level_sizes": level_sizes, "bounds": bounds,
+            "num_degenerate": int((~valid).sum()), "peak_device_bytes": int(peak)}
+    return host, info

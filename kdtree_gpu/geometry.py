@@ -25,6 +25,52 @@ def _as_array(x, name):
         raise MeshError(f"{name} cannot be converted to an array: {exc}") from exc
 
 
+def coerce_mesh(vertices, faces):
+    """Shape, dtype and emptiness checks and conversion, without value checks.
+
+    The GPU builder checks the values (finite coordinates, indices in range)
+    on the device and calls :func:`validate_mesh` only to name a problem it
+    found. Non-int32 indices are range-checked here, since converting an
+    out-of-range int64 index to int32 would hide it.
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) float32
+        With -0.0 folded into +0.0.
+    faces : (num_triangles, 3) int32
+    """
+    V = _as_array(vertices, "vertices")
+    F = _as_array(faces, "faces")
+    _check_shapes(V, F)
+    if F.dtype != np.int32:
+        lo, hi = int(F.min()), int(F.max())
+        if lo < 0 or hi >= V.shape[0]:
+            validate_mesh(V, F)  # raises, naming the first bad face
+        F = F.astype(np.int32)
+    V32 = np.ascontiguousarray(V, dtype=np.float32) + np.float32(0.0)
+    return V32, np.ascontiguousarray(F, dtype=np.int32)
+
+
+def _check_shapes(V, F):
+    if V.ndim != 2 or V.shape[1] != 3:
+        raise MeshError(f"vertices must have shape (n, 3), got {V.shape}")
+    if F.ndim != 2 or F.shape[1] != 3:
+        raise MeshError(f"faces must have shape (m, 3) (triangles only), got {F.shape}")
+    if V.dtype.kind not in "fiu":
+        raise MeshError(f"vertices must be a float array, got dtype {V.dtype}")
+    if F.dtype.kind not in "iu":
+        if F.dtype.kind == "f" and F.size and np.all(np.isfinite(F)) and np.all(F == np.round(F)):
+            raise MeshError(f"faces must be an integer array, got dtype {F.dtype} "
+                            "(convert with faces.astype(np.int32))")
+        raise MeshError(f"faces must be an integer array, got dtype {F.dtype}")
+    if F.shape[0] == 0:
+        raise MeshError("empty mesh: faces has no triangles")
+    if V.shape[0] == 0:
+        raise MeshError("empty mesh: vertices has no points")
+    if F.shape[0] > np.iinfo(np.int32).max // 8:
+        raise MeshError(f"too many triangles for int32 indexing: {F.shape[0]}")
+
+
 def validate_mesh(vertices, faces):
     """Check a triangle mesh and return it as contiguous float32 / int32 arrays.
 
@@ -49,21 +95,7 @@ def validate_mesh(vertices, faces):
     """
     V = _as_array(vertices, "vertices")
     F = _as_array(faces, "faces")
-    if V.ndim != 2 or V.shape[1] != 3:
-        raise MeshError(f"vertices must have shape (n, 3), got {V.shape}")
-    if F.ndim != 2 or F.shape[1] != 3:
-        raise MeshError(f"faces must have shape (m, 3) (triangles only), got {F.shape}")
-    if V.dtype.kind not in "fiu":
-        raise MeshError(f"vertices must be a float array, got dtype {V.dtype}")
-    if F.dtype.kind not in "iu":
-        if F.dtype.kind == "f" and F.size and np.all(np.isfinite(F)) and np.all(F == np.round(F)):
-            raise MeshError(f"faces must be an integer array, got dtype {F.dtype} "
-                            "(convert with faces.astype(np.int32))")
-        raise MeshError(f"faces must be an integer array, got dtype {F.dtype}")
-    if F.shape[0] == 0:
-        raise MeshError("empty mesh: faces has no triangles")
-    if V.shape[0] == 0:
-        raise MeshError("empty mesh: vertices has no points")
+    _check_shapes(V, F)
     if V.dtype.kind == "f":
         bad = ~np.isfinite(V)
         if bad.any():
@@ -87,8 +119,6 @@ def validate_mesh(vertices, faces):
             f"face {row} has vertex index {hi} out of range for {V.shape[0]} vertices: "
             f"{F64[row].tolist()}"
         )
-    if F.shape[0] > np.iinfo(np.int32).max // 8:
-        raise MeshError(f"too many triangles for int32 indexing: {F.shape[0]}")
     return V32, np.ascontiguousarray(F64, dtype=np.int32)
 
 

@@ -23,6 +23,29 @@ __device__ __forceinline__ long long kd_tid()
 #define KD_INF_BITS 0x7ff0000000000000ull
 #define KD_NO_INDEX 0xffffffffffffffffull
 
+// Rule R4: nodes above the leaf size and above the maximum depth search for a split.
+__device__ __forceinline__ bool kd_node_active(long long n_all, long long leaf_size,
+                                               int level_active)
+{
+    return level_active && n_all > leaf_size;
+}
+
+// Rule R5 with axes="longest": the axis of the largest float64 extent, lowest on ties.
+__device__ __forceinline__ int kd_longest_axis(const float* node_lo, const float* node_hi,
+                                               long long node)
+{
+    int best = 0;
+    double best_ext = -1.0;
+    for (int k = 0; k < 3; ++k) {
+        double ext = __dsub_rn((double)node_hi[3 * node + k], (double)node_lo[3 * node + k]);
+        if (ext > best_ext) {
+            best_ext = ext;
+            best = k;
+        }
+    }
+    return best;
+}
+
 // Minimum of `key` over each run of equal `seg` among the lanes of a warp
 // (events are sorted by segment, so a segment's lanes are contiguous); the
 // first lane of each run then makes one atomicMin for the whole run.
@@ -53,7 +76,7 @@ extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
                                           long long num_events,
                                           long long num_segments,
                                           long long* __restrict__ open_close,  // (E + 1)
-                                          int* __restrict__ head,              // (E)
+                                          long long* __restrict__ head,        // (E)
                                           unsigned long long* __restrict__ seg_min_cost,
                                           unsigned long long* __restrict__ seg_best)
 {
@@ -73,14 +96,14 @@ extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
 
 // Part 2: the index of the first event of every run (run_id is the inclusive
 // scan of head, so run r = run_id - 1 starts at run_start[r]).
-extern "C" __global__ void kd_run_starts(const int* __restrict__ head,
-                                         const int* __restrict__ run_id,
+extern "C" __global__ void kd_run_starts(const long long* __restrict__ head,
+                                         const long long* __restrict__ run_id,
                                          long long num_events,
-                                         int* __restrict__ run_start)
+                                         long long* __restrict__ run_start)
 {
     long long e = kd_tid();
     if (e >= num_events) return;
-    if (head[e]) run_start[run_id[e] - 1] = (int)e;
+    if (head[e]) run_start[run_id[e] - 1] = e;
 }
 
 // Part 3: the SAH cost of the plane at every run head (rules R5-R7):
@@ -90,18 +113,19 @@ extern "C" __global__ void kd_run_starts(const int* __restrict__ head,
 // one of END (closes), START (opens) or PLANAR (both).
 extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
-                                          const int* __restrict__ head,
-                                          const int* __restrict__ run_id,
-                                          const int* __restrict__ run_start,
+                                          const long long* __restrict__ head,
+                                          const long long* __restrict__ run_id,
+                                          const long long* __restrict__ run_start,
                                           const long long* __restrict__ open_close_ex,
                                           const long long* __restrict__ seg_event_offset,
                                           const long long* __restrict__ node_ref_offset,
                                           const float* __restrict__ node_lo,
                                           const float* __restrict__ node_hi,
-                                          const bool* __restrict__ node_active,
-                                          const bool* __restrict__ seg_enabled,
                                           long long num_nodes,
                                           long long num_events,
+                                          long long leaf_size,
+                                          int level_active,
+                                          int longest_only,
                                           double k_traversal, double k_intersect,
                                           double empty_bonus,
                                           double* __restrict__ event_cost,
@@ -120,16 +144,17 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
         float p = event_pos[e];
         float lo_k = node_lo[3 * node + axis];
         float hi_k = node_hi[3 * node + axis];
-        if (head[e] && node_active[node] && seg_enabled[seg] && p > lo_k && p < hi_k) {
+        long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
+        if (head[e] && kd_node_active(n_all, leaf_size, level_active) && p > lo_k && p < hi_k
+            && (!longest_only || kd_longest_axis(node_lo, node_hi, node) == axis)) {
             long long seg_start = seg_event_offset[seg];
-            int run = run_id[e];  // 1-based: the next run starts at run_start[run]
+            long long run = run_id[e];  // 1-based: the next run starts at run_start[run]
             long long run_end = run == run_id[num_events - 1] ? num_events : run_start[run];
             long long oc_e = open_close_ex[e];
             long long oc_s = open_close_ex[seg_start];
             long long oc_r = open_close_ex[run_end];
             long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
             long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
-            long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
             long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
             long long n_planar = planar_r - planar_e;
             long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
@@ -192,8 +217,9 @@ extern "C" __global__ void kd_select_splits(const unsigned long long* __restrict
                                             const float* __restrict__ event_pos,
                                             const signed char* __restrict__ event_side,
                                             const long long* __restrict__ node_ref_offset,
-                                            const bool* __restrict__ node_active,
                                             long long num_nodes,
+                                            long long leaf_size,
+                                            int level_active,
                                             double k_intersect,
                                             double* __restrict__ best_cost,
                                             signed char* __restrict__ best_axis,
@@ -220,7 +246,8 @@ extern "C" __global__ void kd_select_splits(const unsigned long long* __restrict
         }
     }
     long long n_all = node_ref_offset[i + 1] - node_ref_offset[i];
-    bool split = node_active[i] && ev >= 0 && cost < __dmul_rn(k_intersect, (double)n_all);
+    bool split = kd_node_active(n_all, leaf_size, level_active) && ev >= 0
+                 && cost < __dmul_rn(k_intersect, (double)n_all);
     best_cost[i] = cost;
     best_axis[i] = (signed char)axis;
     best_pos[i] = ev >= 0 ? event_pos[ev] : 0.0f;
@@ -338,7 +365,7 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
                                          const signed char* __restrict__ best_axis,
                                          const float* __restrict__ best_pos,
                                          const long long* __restrict__ split_leaf_ex,
-                                         long long num_nodes, long long child_base,
+                                         long long num_nodes, long long level_base,
                                          long long leaf_ref_base,
                                          signed char* __restrict__ out_axis,
                                          float* __restrict__ out_split,
@@ -348,16 +375,17 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
     long long i = kd_tid();
     if (i >= num_nodes) return;
     long long s0 = split_leaf_ex[i], s1 = split_leaf_ex[i + 1];
+    long long o = level_base + i;
     if (node_split[i]) {
-        out_axis[i] = best_axis[i];
-        out_split[i] = best_pos[i];
-        out_child[i] = (int)(child_base + 2 * KD_LOW(s0));
-        out_count[i] = 0;
+        out_axis[o] = best_axis[i];
+        out_split[o] = best_pos[i];
+        out_child[o] = (int)(level_base + num_nodes + 2 * KD_LOW(s0));
+        out_count[o] = 0;
     } else {
-        out_axis[i] = KD_AXIS_LEAF;
-        out_split[i] = 0.0f;
-        out_child[i] = (int)(leaf_ref_base + KD_HIGH(s0));
-        out_count[i] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
+        out_axis[o] = KD_AXIS_LEAF;
+        out_split[o] = 0.0f;
+        out_child[o] = (int)(leaf_ref_base + KD_HIGH(s0));
+        out_count[o] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
     }
 }
 
@@ -372,6 +400,7 @@ extern "C" __global__ void kd_scatter_refs(const int* __restrict__ ref_tri,
                                            const long long* __restrict__ split_leaf_ex,
                                            const long long* __restrict__ child_ref_offset,
                                            long long num_refs,
+                                           long long leaf_ref_base,
                                            int* __restrict__ leaf_tris,
                                            int* __restrict__ child_tri,
                                            int* __restrict__ child_node,
@@ -386,7 +415,7 @@ extern "C" __global__ void kd_scatter_refs(const int* __restrict__ ref_tri,
     long long start = node_ref_offset[node];
     long long sl = split_leaf_ex[node];
     if (cls == 0) {
-        leaf_tris[KD_HIGH(sl) + (r - start)] = tri;
+        leaf_tris[leaf_ref_base + KD_HIGH(sl) + (r - start)] = tri;
         return;
     }
     long long child = 2 * KD_LOW(sl);
@@ -477,5 +506,196 @@ extern "C" __global__ void kd_child_nodes(const float* __restrict__ node_lo,
         child_hi[3 * c + k] = k == axis ? p : hi;
         child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
         child_hi[3 * (c + 1) + k] = hi;
+    }
+}
+
+// --- mesh preparation on the device (rule R1) ----------------------------------
+
+// Per triangle: box, zero-area test and validity of the input. Flags: bit 0 an
+// index out of range, bit 1 a non-finite coordinate (the host then names the
+// first problem with the same checks as geometry.validate_mesh); valid[t] is
+// set for triangles that enter the tree. -0.0 is folded into +0.0 as on the host.
+// The cross product of two edges is exact in float64 (differences of float32
+// values and their products are), so "zero" means exactly collinear points.
+extern "C" __global__ void kd_prepare_triangles(const float* __restrict__ vertices,
+                                                const int* __restrict__ faces,
+                                                long long num_vertices,
+                                                long long num_triangles,
+                                                float* __restrict__ tri_lo,
+                                                float* __restrict__ tri_hi,
+                                                unsigned char* __restrict__ valid,
+                                                unsigned int* __restrict__ error_flags)
+{
+    long long t = kd_tid();
+    if (t >= num_triangles) return;
+    double p[3][3];
+    bool ok = true;
+    for (int j = 0; j < 3; ++j) {
+        int v = faces[3 * t + j];
+        if (v < 0 || v >= num_vertices) {
+            atomicOr(error_flags, 1u);
+            ok = false;
+            v = 0;
+        }
+        for (int k = 0; k < 3; ++k) {
+            float x = vertices[3 * (long long)v + k] + 0.0f;
+            if (!isfinite(x)) {
+                atomicOr(error_flags, 2u);
+                ok = false;
+            }
+            p[j][k] = (double)x;
+        }
+    }
+    for (int k = 0; k < 3; ++k) {
+        float a = (float)p[0][k], b = (float)p[1][k], c = (float)p[2][k];
+        tri_lo[3 * t + k] = fminf(a, fminf(b, c));
+        tri_hi[3 * t + k] = fmaxf(a, fmaxf(b, c));
+    }
+    double e1[3], e2[3];
+    for (int k = 0; k < 3; ++k) {
+        e1[k] = __dsub_rn(p[1][k], p[0][k]);
+        e2[k] = __dsub_rn(p[2][k], p[0][k]);
+    }
+    double cx = __dsub_rn(__dmul_rn(e1[1], e2[2]), __dmul_rn(e1[2], e2[1]));
+    double cy = __dsub_rn(__dmul_rn(e1[2], e2[0]), __dmul_rn(e1[0], e2[2]));
+    double cz = __dsub_rn(__dmul_rn(e1[0], e2[1]), __dmul_rn(e1[1], e2[0]));
+    valid[t] = ok && (cx != 0.0 || cy != 0.0 || cz != 0.0);
+}
+
+// --- root events (rule R3) -----------------------------------------------------------
+
+// Per valid triangle reference r and axis k, two sort keys in slots 2r, 2r + 1
+// of axis k's key array: (ordered position bits << 32) | (kind << 30) | r.
+// A planar triangle has one event; its second slot gets the largest key,
+// which sorts after every real event and is cut off.
+__device__ __forceinline__ unsigned long long kd_ordered_bits(float x)
+{
+    unsigned int u = __float_as_uint(x);
+    return (unsigned long long)((u & 0x80000000u) ? ~u : (u | 0x80000000u));
+}
+
+extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
+                                              const float* __restrict__ tri_hi,
+                                              const int* __restrict__ ref_tri,
+                                              long long num_refs,
+                                              unsigned long long* __restrict__ keys)  // (3, 2R)
+{
+    long long r = kd_tid();
+    if (r >= num_refs) return;
+    int tri = ref_tri[r];
+    for (int k = 0; k < 3; ++k) {
+        float a = tri_lo[3 * tri + k], b = tri_hi[3 * tri + k];
+        unsigned long long* out = keys + (long long)k * 2 * num_refs + 2 * r;
+        unsigned long long ref = (unsigned long long)r;
+        if (a == b) {
+            out[0] = (kd_ordered_bits(a) << 32) | ((unsigned long long)KD_EVENT_PLANAR << 30) | ref;
+            out[1] = 0xffffffffffffffffull;
+        } else {
+            out[0] = (kd_ordered_bits(b) << 32) | ((unsigned long long)KD_EVENT_END << 30) | ref;
+            out[1] = (kd_ordered_bits(a) << 32) | ((unsigned long long)KD_EVENT_START << 30) | ref;
+        }
+    }
+}
+
+// Decode sorted keys of one axis into the event arrays (at that axis's offset).
+extern "C" __global__ void kd_root_events_decode(const unsigned long long* __restrict__ keys,
+                                                 long long count, int axis,
+                                                 float* __restrict__ event_pos,
+                                                 signed char* __restrict__ event_kind,
+                                                 int* __restrict__ event_ref,
+                                                 int* __restrict__ event_seg)
+{
+    long long e = kd_tid();
+    if (e >= count) return;
+    unsigned long long key = keys[e];
+    unsigned int bits = (unsigned int)(key >> 32);
+    bits = (bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits;
+    event_pos[e] = __uint_as_float(bits);
+    event_kind[e] = (signed char)((key >> 30) & 3u);
+    event_ref[e] = (int)(key & 0x3fffffffu);
+    event_seg[e] = axis;
+}
+
+// --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
+// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
+// block, then each tile scans itself starting from its prefix.
+#define KD_SCAN_BLOCK 256
+#define KD_SCAN_ITEMS 8
+#define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
+
+__device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
+{
+    __shared__ long long warp_sums[KD_SCAN_BLOCK / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long x = value;
+    for (int o = 1; o < 32; o <<= 1) {
+        long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        long long w = lane < KD_SCAN_BLOCK / 32 ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            long long y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < KD_SCAN_BLOCK / 32) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
+    *total = warp_sums[KD_SCAN_BLOCK / 32 - 1];
+    __syncthreads();
+    return warp_prefix + x - value;
+}
+
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tile_sums(const long long* __restrict__ in, long long n, long long* __restrict__ tile_sum)
+{
+    long long base = (long long)blockIdx.x * KD_SCAN_TILE;
+    long long sum = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + (long long)j * KD_SCAN_BLOCK + threadIdx.x;
+        if (i < n) sum += in[i];
+    }
+    long long total;
+    kd_block_exclusive_scan(sum, &total);
+    if (threadIdx.x == 0) tile_sum[blockIdx.x] = total;
+}
+
+// One block scans the tile sums in place into exclusive tile prefixes.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
+{
+    long long carry = 0;
+    for (long long base = 0; base < num_tiles; base += KD_SCAN_BLOCK) {
+        long long i = base + threadIdx.x;
+        long long v = i < num_tiles ? tile_sum[i] : 0;
+        long long total;
+        long long ex = kd_block_exclusive_scan(v, &total);
+        if (i < num_tiles) tile_sum[i] = carry + ex;
+        carry += total;
+    }
+}
+
+// Each thread scans KD_SCAN_ITEMS consecutive items; tiles start at their prefix.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tiles(const long long* __restrict__ in, long long n,
+              const long long* __restrict__ tile_prefix, long long* __restrict__ out)
+{
+    long long base = (long long)blockIdx.x * KD_SCAN_TILE + (long long)threadIdx.x * KD_SCAN_ITEMS;
+    long long v[KD_SCAN_ITEMS];
+    long long sum = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + j;
+        v[j] = i < n ? in[i] : 0;
+        sum += v[j];
+    }
+    long long total;
+    long long prefix = kd_block_exclusive_scan(sum, &total) + tile_prefix[blockIdx.x];
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + j;
+        prefix += v[j];
+        if (i < n) out[i] = prefix;
     }
 }
