@@ -97,8 +97,13 @@ def grid_edge_points(n, num, rng):
 
 # --- comparison ------------------------------------------------------------------
 def assert_same_closest(t_a, tri_a, t_b, tri_b, what, vertices=None, faces=None, origins=None,
-                        directions=None):
-    """Same hit/miss, same triangle or an equally close one (ties within RTOL)."""
+                        directions=None, min_same=0.99):
+    """Same hit/miss, same triangle or an equally close one (ties within RTOL).
+
+    ``min_same`` is the least fraction of hits naming the same triangle; rays
+    aimed at shared edges and vertices tie on purpose, so their tests lower it
+    and rely on the barycentric check that the named triangle is really hit.
+    """
     t_a, tri_a, t_b, tri_b = (np.asarray(x) for x in (t_a, tri_a, t_b, tri_b))
     assert np.array_equal(tri_a >= 0, tri_b >= 0), (
         f"{what}: hit/miss differ on {int(np.sum((tri_a >= 0) != (tri_b >= 0)))} rays, first "
@@ -110,7 +115,7 @@ def assert_same_closest(t_a, tri_a, t_b, tri_b, what, vertices=None, faces=None,
     assert bad.size == 0, (f"{what}: t differs beyond {RTOL} on {bad.size} rays, first "
                            f"{bad[:5].tolist()}: {t_a[bad[:5]].tolist()} vs {t_b[bad[:5]].tolist()}")
     frac_same = np.mean(tri_a[hit] == tri_b[hit]) if hit.any() else 1.0
-    assert frac_same > 0.99, f"{what}: only {frac_same:.4f} of the hits name the same triangle"
+    assert frac_same >= min_same, f"{what}: only {frac_same:.4f} of the hits name the same triangle"
 
 
 def assert_barycentrics(vertices, faces, origins, directions, t, tri, u, v):
@@ -135,12 +140,13 @@ def gpu_rays(origins, directions, tmin=0.0, tmax=np.inf):
             cupy.asarray(np.broadcast_to(np.float32(tmax), (n,)), dtype=cupy.float32))
 
 
-def check_against_brute(tree, origins, directions, tmin=0.0, tmax=np.inf, what=""):
+def check_against_brute(tree, origins, directions, tmin=0.0, tmax=np.inf, what="",
+                        min_same=0.99):
     """Traversal vs brute force, closest and any hit; returns the closest-hit arrays (host)."""
     rays = gpu_rays(origins, directions, tmin, tmax)
     t, tri, u, v = (x.get() for x in rg.intersect_gpu(tree, *rays))
     bt, btri, bu, bv = (x.get() for x in rg.brute_intersect_gpu(tree.vertices, tree.faces, *rays))
-    assert_same_closest(t, tri, bt, btri, f"{what} traversal vs brute force")
+    assert_same_closest(t, tri, bt, btri, f"{what} traversal vs brute force", min_same=min_same)
     same = tri == btri
     assert np.array_equal(t[same], bt[same]), f"{what}: same triangle, different t"
     assert np.array_equal(u[same], bu[same]) and np.array_equal(v[same], bv[same])
@@ -194,7 +200,7 @@ def test_grid_rays_through_shared_edges_and_vertices_always_hit(make_tree, rng):
     tree = make_tree(vertices, faces)
     points = grid_edge_points(n, 20000, rng)
     origins, directions = rays_through_points(points, rng)
-    t, tri, _, _ = check_against_brute(tree, origins, directions, what="grid edges")
+    t, tri, _, _ = check_against_brute(tree, origins, directions, what="grid edges", min_same=0.0)
     assert np.all(tri >= 0), f"{int(np.sum(tri < 0))} rays slipped through the grid"
     assert np.allclose(t, 1.0, rtol=1e-5)
 
@@ -225,7 +231,8 @@ def test_rays_from_inside_a_closed_sphere_never_escape(make_tree, rng):
     directions = rng.normal(size=(num, 3)).astype(np.float32)
     directions[:3000] = vertices[rng.integers(0, len(vertices), 3000)]  # aimed at vertices
     origins[:3000] = 0.0
-    t, tri, _, _ = check_against_brute(tree, origins, directions, what="inside sphere")
+    t, tri, _, _ = check_against_brute(tree, origins, directions, what="inside sphere",
+                                       min_same=0.0)
     assert np.all(tri >= 0), f"{int(np.sum(tri < 0))} rays escaped the closed sphere"
 
 
