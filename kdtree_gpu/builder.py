@@ -746,10 +746,22 @@ def _axis_event_counts(xp, events):
 _SCAN_TILE = 256 * 8  # KD_SCAN_TILE in cuda/build.cu
 
 
-def _kernel(name):
-    from .kernels import get_function
+_SCAN_SMALL = 8 * _SCAN_TILE  # up to this size, one block scans in one launch
+_kernel_cache = {}
 
-    return get_function("build.cu", name)
+
+def _kernel(name):
+    # Looked up ~30 times per level: keep the lookup to one dict access per
+    # (device, kernel) after the first compile through the module factory.
+    import cupy
+
+    key = (cupy.cuda.Device().id, name)
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        from .kernels import get_function
+
+        kernel = _kernel_cache[key] = get_function("build.cu", name)
+    return kernel
 
 
 def scan_inclusive_cuda(cp, values, description):
@@ -768,9 +780,12 @@ def scan_inclusive_cuda(cp, values, description):
     out = cp.empty(n, dtype=np.int64)
     if n == 0:
         return out
+    i64 = np.int64
+    if n <= _SCAN_SMALL:
+        launch(description, _kernel("kd_scan_small"), 256, (values, i64(n), out))
+        return out
     num_tiles = (n + _SCAN_TILE - 1) // _SCAN_TILE
     tile = cp.empty(num_tiles, dtype=np.int64)
-    i64 = np.int64
     launch(description + ": tile sums", _kernel("kd_scan_tile_sums"), num_tiles * 256,
            (values, i64(n), tile))
     launch(description + ": tile prefix", _kernel("kd_scan_tile_prefix"), 256,
@@ -778,6 +793,11 @@ def scan_inclusive_cuda(cp, values, description):
     launch(description + ": tiles", _kernel("kd_scan_tiles"), num_tiles * 256,
            (values, i64(n), tile, out))
     return out
+
+
+# Initial summary of kd_prepare_triangles: flags, counts, then the box's
+# minimum (largest key) and maximum (smallest key) in ordered-bit form.
+_PREPARE_INIT = np.array([0, 0, 0, 0, 0] + [0xFFFFFFFF] * 3 + [0] * 3, dtype=np.uint64)
 
 
 def prepare_mesh_cuda(cp, V, F):
@@ -796,7 +816,7 @@ def prepare_mesh_cuda(cp, V, F):
     bounds : (2, 3) float32 (host)
     planar : (3,) int (host)
         Valid triangles that are flat on each axis (one event instead of two).
-    valid : (num_triangles,) bool (host)
+    num_degenerate : int
     """
     from .geometry import MeshError, validate_mesh
     from .launch import launch
@@ -807,26 +827,24 @@ def prepare_mesh_cuda(cp, V, F):
     tri_lo = cp.empty((m, 3), dtype=np.float32)
     tri_hi = cp.empty((m, 3), dtype=np.float32)
     valid = cp.empty(m, dtype=np.uint8)
-    flags = cp.zeros(1, dtype=np.uint32)
+    summary = cp.asarray(_PREPARE_INIT)
     launch("prepare_mesh", _kernel("kd_prepare_triangles"), m,
-           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, flags))
-    mask = valid.astype(bool)
-    inf = np.float32(np.inf)
-    lo = cp.where(mask[:, None], tri_lo, inf).min(axis=0)
-    hi = cp.where(mask[:, None], tri_hi, -inf).max(axis=0)
-    planar = ((tri_lo == tri_hi) & mask[:, None]).sum(axis=0)
+           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, summary))
     # One deliberate read: problems, root box and event counts size everything after.
-    summary = cp.concatenate([flags.astype(np.float64), lo.astype(np.float64),
-                              hi.astype(np.float64), planar.astype(np.float64)]).get()
+    summary = summary.get()
     if summary[0] != 0:
         validate_mesh(V, F)  # names the first bad vertex or face
         raise MeshError("invalid mesh (non-finite coordinates or out-of-range indices)")
-    valid_h = mask.get()
-    if not valid_h.any():
+    num_valid = int(summary[1])
+    if num_valid == 0:
         raise MeshError(f"all {m} triangles are degenerate (zero area); nothing to build")
-    ref_tri = cp.nonzero(mask)[0].astype(np.int32)
-    bounds = summary[1:7].reshape(2, 3).astype(np.float32)
-    return tri_lo, tri_hi, ref_tri, bounds, summary[7:10].astype(np.int64), valid_h
+    ref_tri = cp.nonzero(valid)[0].astype(np.int32)
+    bits = summary[5:11].astype(np.uint32)
+    # Undo the order-preserving transform of kd_ordered_bits32.
+    bits = np.where(bits & np.uint32(0x80000000), bits & np.uint32(0x7FFFFFFF), ~bits)
+    bounds = bits.astype(np.uint32).view(np.float32).reshape(2, 3).copy()
+    planar = summary[2:5].astype(np.int64)
+    return tri_lo, tri_hi, ref_tri, bounds, planar, m - num_valid
 
 
 def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar):
@@ -909,7 +927,7 @@ def _build_levels_cuda(cp, cfg, V, F):
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
     with stage(xp=cp, description="prepare_mesh"):
-        tri_lo, tri_hi, ref_tri, bounds, planar, valid = prepare_mesh_cuda(cp, V, F)
+        tri_lo, tri_hi, ref_tri, bounds, planar, num_degenerate = prepare_mesh_cuda(cp, V, F)
     num_root = int(ref_tri.shape[0])
     max_depth = cfg.resolved_max_depth(num_root)
     with stage(xp=cp, description="create_root_events"):
@@ -983,14 +1001,11 @@ def _build_levels_cuda(cp, cfg, V, F):
                (events.event_ref, ref_class, i64(num_events), event_lr))
         ref_lr_ex = scan_inclusive_cuda(cp, ref_lr, "route_refs: scan")
         event_lr_ex = scan_inclusive_cuda(cp, event_lr, "route_events: scan")
-        child_ref_count = cp.zeros(2 * n + 1, dtype=np.int64)
-        child_event_count = cp.zeros(6 * n + 1, dtype=np.int64)
-        launch("route_refs: child counts", _kernel("kd_child_counts"), n,
-               (nodes.node_ref_offset, ref_lr_ex, node_split, split_leaf_ex, i64(n), i64(n),
-                child_ref_count))
-        launch("route_events: child counts", _kernel("kd_child_counts"), 3 * n,
-               (nodes.seg_event_offset, event_lr_ex, node_split, split_leaf_ex, i64(n),
-                i64(3 * n), child_event_count))
+        child_count = cp.zeros(8 * n + 2, dtype=np.int64)
+        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+        launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
         child_ref_offset = scan_inclusive_cuda(cp, child_ref_count, "route_refs: offsets")
         child_event_offset = scan_inclusive_cuda(cp, child_event_count, "route_events: offsets")
         totals = cp.empty(4, dtype=np.int64)
@@ -1048,5 +1063,5 @@ def _build_levels_cuda(cp, cfg, V, F):
     with stage(xp=cp, description="download"):
         host = [a[:level_base].get() for a in out.node] + [out.leaf[:leaf_ref_base].get()]
     info = {"levels": level, "level_sizes": level_sizes, "bounds": bounds,
-            "num_degenerate": int((~valid).sum()), "peak_device_bytes": int(peak)}
+            "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return host, info

@@ -323,15 +323,25 @@ __device__ __forceinline__ long long kd_child_group(long long g, long long num_n
 // Stage route_refs / route_events: sizes of the child groups, written after
 // a leading 0 so that a scan gives the child offsets. Groups are the n nodes
 // (num_axes = 1) or the 3n segments (num_axes = 3).
-extern "C" __global__ void kd_child_counts(const long long* __restrict__ group_offset,
-                                           const long long* __restrict__ lr_ex,
+// One launch over 4n threads: the first n handle the nodes' references (into
+// child_ref_count), the next 3n the segments' events (into child_event_count).
+extern "C" __global__ void kd_child_counts(const long long* __restrict__ node_ref_offset,
+                                           const long long* __restrict__ ref_lr_ex,
+                                           const long long* __restrict__ seg_event_offset,
+                                           const long long* __restrict__ event_lr_ex,
                                            const bool* __restrict__ node_split,
                                            const long long* __restrict__ split_leaf_ex,
-                                           long long num_nodes, long long num_groups,
-                                           long long* __restrict__ child_count)
+                                           long long num_nodes,
+                                           long long* __restrict__ child_ref_count,
+                                           long long* __restrict__ child_event_count)
 {
-    long long g = kd_tid();
-    if (g >= num_groups) return;
+    long long tid = kd_tid();
+    if (tid >= 4 * num_nodes) return;
+    bool refs = tid < num_nodes;
+    long long g = refs ? tid : tid - num_nodes;
+    const long long* group_offset = refs ? node_ref_offset : seg_event_offset;
+    const long long* lr_ex = refs ? ref_lr_ex : event_lr_ex;
+    long long* child_count = refs ? child_ref_count : child_event_count;
     long long node = g % num_nodes;
     if (g == 0) child_count[0] = 0;
     if (!node_split[node]) return;
@@ -517,49 +527,102 @@ extern "C" __global__ void kd_child_nodes(const float* __restrict__ node_lo,
 // set for triangles that enter the tree. -0.0 is folded into +0.0 as on the host.
 // The cross product of two edges is exact in float64 (differences of float32
 // values and their products are), so "zero" means exactly collinear points.
-extern "C" __global__ void kd_prepare_triangles(const float* __restrict__ vertices,
-                                                const int* __restrict__ faces,
-                                                long long num_vertices,
-                                                long long num_triangles,
-                                                float* __restrict__ tri_lo,
-                                                float* __restrict__ tri_hi,
-                                                unsigned char* __restrict__ valid,
-                                                unsigned int* __restrict__ error_flags)
+// Summary slots (unsigned 64-bit, reset by the host to KD_PREPARE_INIT):
+// 0 error flags, 1 valid triangles, 2-4 valid triangles flat on x/y/z,
+// 5-7 root box minimum, 8-10 maximum (order-preserving bits of the floats).
+// Each block reduces in shared memory first, then makes one atomic per slot.
+#define KD_SUMMARY_SLOTS 11
+
+__device__ __forceinline__ unsigned int kd_ordered_bits32(float x)
 {
+    unsigned int u = __float_as_uint(x);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+extern "C" __global__ void __launch_bounds__(256)
+kd_prepare_triangles(const float* __restrict__ vertices,
+                     const int* __restrict__ faces,
+                     long long num_vertices,
+                     long long num_triangles,
+                     float* __restrict__ tri_lo,
+                     float* __restrict__ tri_hi,
+                     unsigned char* __restrict__ valid,
+                     unsigned long long* __restrict__ summary)
+{
+    __shared__ unsigned int block_sum[KD_SUMMARY_SLOTS];
+    if (threadIdx.x < KD_SUMMARY_SLOTS)
+        block_sum[threadIdx.x] = threadIdx.x >= 5 && threadIdx.x < 8 ? 0xffffffffu : 0u;
+    __syncthreads();
     long long t = kd_tid();
-    if (t >= num_triangles) return;
-    double p[3][3];
-    bool ok = true;
-    for (int j = 0; j < 3; ++j) {
-        int v = faces[3 * t + j];
-        if (v < 0 || v >= num_vertices) {
-            atomicOr(error_flags, 1u);
-            ok = false;
-            v = 0;
-        }
-        for (int k = 0; k < 3; ++k) {
-            float x = vertices[3 * (long long)v + k] + 0.0f;
-            if (!isfinite(x)) {
-                atomicOr(error_flags, 2u);
+    unsigned int mine[KD_SUMMARY_SLOTS];
+    for (int q = 0; q < KD_SUMMARY_SLOTS; ++q) mine[q] = q >= 5 && q < 8 ? 0xffffffffu : 0u;
+    if (t < num_triangles) {
+        double p[3][3];
+        bool ok = true;
+        for (int j = 0; j < 3; ++j) {
+            int v = faces[3 * t + j];
+            if (v < 0 || v >= num_vertices) {
+                mine[0] |= 1u;
                 ok = false;
+                v = 0;
             }
-            p[j][k] = (double)x;
+            for (int k = 0; k < 3; ++k) {
+                float x = vertices[3 * (long long)v + k] + 0.0f;
+                if (!isfinite(x)) {
+                    mine[0] |= 2u;
+                    ok = false;
+                }
+                p[j][k] = (double)x;
+            }
+        }
+        float lo[3], hi[3];
+        for (int k = 0; k < 3; ++k) {
+            float a = (float)p[0][k], b = (float)p[1][k], c = (float)p[2][k];
+            lo[k] = fminf(a, fminf(b, c));
+            hi[k] = fmaxf(a, fmaxf(b, c));
+            tri_lo[3 * t + k] = lo[k];
+            tri_hi[3 * t + k] = hi[k];
+        }
+        double e1[3], e2[3];
+        for (int k = 0; k < 3; ++k) {
+            e1[k] = __dsub_rn(p[1][k], p[0][k]);
+            e2[k] = __dsub_rn(p[2][k], p[0][k]);
+        }
+        double cx = __dsub_rn(__dmul_rn(e1[1], e2[2]), __dmul_rn(e1[2], e2[1]));
+        double cy = __dsub_rn(__dmul_rn(e1[2], e2[0]), __dmul_rn(e1[0], e2[2]));
+        double cz = __dsub_rn(__dmul_rn(e1[0], e2[1]), __dmul_rn(e1[1], e2[0]));
+        bool is_valid = ok && (cx != 0.0 || cy != 0.0 || cz != 0.0);
+        valid[t] = is_valid;
+        if (is_valid) {
+            mine[1] = 1;
+            for (int k = 0; k < 3; ++k) {
+                mine[2 + k] = lo[k] == hi[k];
+                mine[5 + k] = kd_ordered_bits32(lo[k]);
+                mine[8 + k] = kd_ordered_bits32(hi[k]);
+            }
         }
     }
-    for (int k = 0; k < 3; ++k) {
-        float a = (float)p[0][k], b = (float)p[1][k], c = (float)p[2][k];
-        tri_lo[3 * t + k] = fminf(a, fminf(b, c));
-        tri_hi[3 * t + k] = fmaxf(a, fmaxf(b, c));
+    const unsigned full = 0xffffffffu;
+    unsigned int r0 = __reduce_or_sync(full, mine[0]);
+    unsigned int r[KD_SUMMARY_SLOTS];
+    r[0] = r0;
+    for (int q = 1; q < 5; ++q) r[q] = __reduce_add_sync(full, mine[q]);
+    for (int q = 5; q < 8; ++q) r[q] = __reduce_min_sync(full, mine[q]);
+    for (int q = 8; q < 11; ++q) r[q] = __reduce_max_sync(full, mine[q]);
+    if ((threadIdx.x & 31) == 0) {
+        atomicOr(&block_sum[0], r[0]);
+        for (int q = 1; q < 5; ++q) atomicAdd(&block_sum[q], r[q]);
+        for (int q = 5; q < 8; ++q) atomicMin(&block_sum[q], r[q]);
+        for (int q = 8; q < 11; ++q) atomicMax(&block_sum[q], r[q]);
     }
-    double e1[3], e2[3];
-    for (int k = 0; k < 3; ++k) {
-        e1[k] = __dsub_rn(p[1][k], p[0][k]);
-        e2[k] = __dsub_rn(p[2][k], p[0][k]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (block_sum[0]) atomicOr(&summary[0], (unsigned long long)block_sum[0]);
+        for (int q = 1; q < 5; ++q)
+            if (block_sum[q]) atomicAdd(&summary[q], (unsigned long long)block_sum[q]);
+        for (int q = 5; q < 8; ++q) atomicMin(&summary[q], (unsigned long long)block_sum[q]);
+        for (int q = 8; q < 11; ++q) atomicMax(&summary[q], (unsigned long long)block_sum[q]);
     }
-    double cx = __dsub_rn(__dmul_rn(e1[1], e2[2]), __dmul_rn(e1[2], e2[1]));
-    double cy = __dsub_rn(__dmul_rn(e1[2], e2[0]), __dmul_rn(e1[0], e2[2]));
-    double cz = __dsub_rn(__dmul_rn(e1[0], e2[1]), __dmul_rn(e1[1], e2[0]));
-    valid[t] = ok && (cx != 0.0 || cy != 0.0 || cz != 0.0);
 }
 
 // --- root events (rule R3) -----------------------------------------------------------
@@ -697,5 +760,32 @@ kd_scan_tiles(const long long* __restrict__ in, long long n,
         long long i = base + j;
         prefix += v[j];
         if (i < n) out[i] = prefix;
+    }
+}
+
+// Small arrays: one block scans the whole array in chunks of KD_SCAN_TILE,
+// one launch instead of three (the builder's small levels are bound by
+// launch overhead, not by the scan).
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_small(const long long* __restrict__ in, long long n, long long* __restrict__ out)
+{
+    long long carry = 0;
+    for (long long tile = 0; tile < n; tile += KD_SCAN_TILE) {
+        long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
+        long long v[KD_SCAN_ITEMS];
+        long long sum = 0;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            v[j] = i < n ? in[i] : 0;
+            sum += v[j];
+        }
+        long long total;
+        long long prefix = kd_block_exclusive_scan(sum, &total) + carry;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            prefix += v[j];
+            if (i < n) out[i] = prefix;
+        }
+        carry += total;
     }
 }
