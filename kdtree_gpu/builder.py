@@ -43,7 +43,8 @@ from .tree import KdTree
 
 # Packing of the root sort key: (position bits << 32) | (kind << 30) | reference.
 _REF_BITS = 30
-MAX_TRIANGLES = (1 << _REF_BITS) - 1
+# The GPU root sort packs the axis too and leaves 28 bits for the reference.
+MAX_TRIANGLES = (1 << 28) - 1
 
 
 # --- structures of arrays ------------------------------------------------------
@@ -606,7 +607,9 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
                     host = [a.get() for a in arrays[:5]]
                     info = {"levels": arrays[5], "level_sizes": arrays[6], "bounds": bounds,
                             "num_degenerate": int((~valid).sum())}
-        except cp.cuda.memory.OutOfMemoryError as exc:
+        except (cp.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+            # CuPy's pool raises OutOfMemoryError; CUB's temporary storage a
+            # MemoryError ("std::bad_alloc"). Free the cache so the GPU stays usable.
             cp.get_default_memory_pool().free_all_blocks()
             raise MemoryError(
                 f"the kd-tree build of {F.shape[0]} triangles does not fit in GPU memory "
@@ -782,7 +785,8 @@ def scan_inclusive_cuda(cp, values, description):
         return out
     i64 = np.int64
     if n <= _SCAN_SMALL:
-        launch(description, _kernel("kd_scan_small"), 256, (values, i64(n), out))
+        launch(description, _kernel("kd_scan_small_pair"), 256,
+               (values, i64(n), out, values, i64(0), out))
         return out
     num_tiles = (n + _SCAN_TILE - 1) // _SCAN_TILE
     tile = cp.empty(num_tiles, dtype=np.int64)
@@ -798,6 +802,21 @@ def scan_inclusive_cuda(cp, values, description):
 # Initial summary of kd_prepare_triangles: flags, counts, then the box's
 # minimum (largest key) and maximum (smallest key) in ordered-bit form.
 _PREPARE_INIT = np.array([0, 0, 0, 0, 0] + [0xFFFFFFFF] * 3 + [0] * 3, dtype=np.uint64)
+
+
+def scan_pair_cuda(cp, first, second, description):
+    """Two inclusive int64 scans; one launch when both arrays are small."""
+    from .launch import launch
+
+    n0, n1 = int(first.shape[0]), int(second.shape[0])
+    if n0 > _SCAN_SMALL or n1 > _SCAN_SMALL:
+        return (scan_inclusive_cuda(cp, first, description + " (1)"),
+                scan_inclusive_cuda(cp, second, description + " (2)"))
+    out0 = cp.empty(n0, dtype=np.int64)
+    out1 = cp.empty(n1, dtype=np.int64)
+    launch(description, _kernel("kd_scan_small_pair"), 2 * 256,
+           (first, np.int64(n0), out0, second, np.int64(n1), out1))
+    return out0, out1
 
 
 def prepare_mesh_cuda(cp, V, F):
@@ -859,27 +878,23 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar):
     from .launch import launch
 
     num_refs = int(ref_tri.shape[0])
-    keys = cp.empty((3, 2 * num_refs), dtype=np.uint64)
+    keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
     launch("create_root_events: keys", _kernel("kd_root_event_keys"), num_refs,
            (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
     counts = [2 * num_refs - int(p) for p in planar]
     total = sum(counts)
+    with stage(xp=cp, description="create_root_events: sort"):
+        # Keys are unique and start with the axis, so one sort gives rule R3's
+        # order on every axis; planar triangles' unused slots hold the largest
+        # key and sort after all real events.
+        sorted_keys = cp.sort(keys)
     events = EventSoA(event_pos=cp.empty(total, dtype=enc.EVENT_POS_DTYPE),
                       event_kind=cp.empty(total, dtype=enc.EVENT_KIND_DTYPE),
                       event_ref=cp.empty(total, dtype=np.int32),
                       event_seg=cp.empty(total, dtype=np.int32))
-    offset = 0
-    for axis in range(3):
-        with stage(xp=cp, description="create_root_events: sort"):
-            # Keys are unique, so any sort gives rule R3's one order; planar
-            # triangles' unused slots hold the largest key and sort last.
-            sorted_keys = cp.sort(keys[axis])
-        c = counts[axis]
-        launch("create_root_events: decode", _kernel("kd_root_events_decode"), c,
-               (sorted_keys, np.int64(c), np.int32(axis), events.event_pos[offset:offset + c],
-                events.event_kind[offset:offset + c], events.event_ref[offset:offset + c],
-                events.event_seg[offset:offset + c]))
-        offset += c
+    launch("create_root_events: decode", _kernel("kd_root_events_decode"), total,
+           (sorted_keys, np.int64(total), events.event_pos, events.event_kind, events.event_ref,
+            events.event_seg))
     return events, counts
 
 
@@ -953,22 +968,17 @@ def _build_levels_cuda(cp, cfg, V, F):
         level_active = np.int32(level < max_depth)
         # -- compute_split_costs (R5-R7)
         open_close = cp.empty(num_events + 1, dtype=np.int64)
-        head = cp.empty(num_events, dtype=np.int64)
         seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
         seg_best = cp.empty(3 * n, dtype=np.uint64)
         launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
                max(num_events, 3 * n),
                (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
-                i64(3 * n), open_close, head, seg_min_cost, seg_best))
+                i64(3 * n), open_close, seg_min_cost, seg_best))
         open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
-        run_id = scan_inclusive_cuda(cp, head, "compute_split_costs: run scan")
-        run_start = cp.empty(num_events, dtype=np.int64)
-        launch("compute_split_costs: run starts", _kernel("kd_run_starts"), num_events,
-               (head, run_id, i64(num_events), run_start))
         event_cost = cp.empty(num_events, dtype=np.float64)
         event_side = cp.empty(num_events, dtype=np.int8)
         launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-               (events.event_pos, events.event_seg, head, run_id, run_start, open_close_ex,
+               (events.event_pos, events.event_seg, open_close_ex,
                 nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
                 i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
                 f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
@@ -999,15 +1009,14 @@ def _build_levels_cuda(cp, cfg, V, F):
         event_lr = cp.empty(num_events + 1, dtype=np.int64)
         launch("route_events: flags", _kernel("kd_event_lr"), num_events,
                (events.event_ref, ref_class, i64(num_events), event_lr))
-        ref_lr_ex = scan_inclusive_cuda(cp, ref_lr, "route_refs: scan")
-        event_lr_ex = scan_inclusive_cuda(cp, event_lr, "route_events: scan")
+        ref_lr_ex, event_lr_ex = scan_pair_cuda(cp, ref_lr, event_lr, "route: scans")
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
                (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
                 node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
-        child_ref_offset = scan_inclusive_cuda(cp, child_ref_count, "route_refs: offsets")
-        child_event_offset = scan_inclusive_cuda(cp, child_event_count, "route_events: offsets")
+        child_ref_offset, child_event_offset = scan_pair_cuda(
+            cp, child_ref_count, child_event_count, "route: offset scans")
         totals = cp.empty(4, dtype=np.int64)
         launch("read_level_counts", _kernel("kd_level_totals"), 1,
                (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
@@ -1015,44 +1024,34 @@ def _build_levels_cuda(cp, cfg, V, F):
             # The one deliberate device-to-host read per level: sizes of the next level.
             num_split, num_child_refs, num_child_events, num_leaf_refs = (
                 int(c) for c in totals.get())
-        # -- emit_level (R10)
+        # -- emit_level (R10) and make_child_nodes
         out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+        child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
+        child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
         launch("emit_level", _kernel("kd_emit_nodes"), n,
-               (node_split, best.node_axis, best.node_pos, split_leaf_ex, i64(n),
-                i64(level_base), i64(leaf_ref_base), *out.node))
-        # -- split_refs
+               (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
+                nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.node,
+                child_lo, child_hi))
+        # -- split_refs and split_events (and the level's leaf lists)
         child_tri = cp.empty(num_child_refs, dtype=np.int32)
         child_node = cp.empty(num_child_refs, dtype=np.int32)
-        ref_new_left = cp.empty(num_refs, dtype=np.int32)
-        ref_new_right = cp.empty(num_refs, dtype=np.int32)
-        launch("split_refs", _kernel("kd_scatter_refs"), num_refs,
-               (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
-                split_leaf_ex, child_ref_offset, i64(num_refs), i64(leaf_ref_base), out.leaf,
-                child_tri, child_node, ref_new_left, ref_new_right))
-        level_base += n
-        leaf_ref_base += num_leaf_refs
-        level += 1
-        if num_split == 0:
-            peak = max(peak, pool.used_bytes())
-            break
-        # -- split_events
         ev_pos = cp.empty(num_child_events, dtype=enc.EVENT_POS_DTYPE)
         ev_kind = cp.empty(num_child_events, dtype=enc.EVENT_KIND_DTYPE)
         ev_ref = cp.empty(num_child_events, dtype=np.int32)
         ev_seg = cp.empty(num_child_events, dtype=np.int32)
-        launch("split_events", _kernel("kd_scatter_events"), num_events,
-               (events.event_pos, events.event_kind, events.event_ref, events.event_seg,
-                ref_class, event_lr_ex, nodes.seg_event_offset, split_leaf_ex,
-                child_event_offset, ref_new_left, ref_new_right, i64(n), i64(num_events),
-                ev_pos, ev_kind, ev_ref, ev_seg))
-        # -- make_child_nodes
-        child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
-        child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
-        launch("make_child_nodes", _kernel("kd_child_nodes"), n,
-               (nodes.node_lo, nodes.node_hi, node_split, best.node_axis, best.node_pos,
-                split_leaf_ex, i64(n), child_lo, child_hi))
+        launch("split_refs_and_events", _kernel("kd_scatter"), max(num_refs, num_events),
+               (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
+                split_leaf_ex, child_ref_offset, events.event_pos, events.event_kind,
+                events.event_ref, events.event_seg, event_lr_ex, nodes.seg_event_offset,
+                child_event_offset, i64(n), i64(num_refs), i64(num_events), i64(leaf_ref_base),
+                out.leaf, child_tri, child_node, ev_pos, ev_kind, ev_ref, ev_seg))
         # Both levels' arrays are alive here: the build's high-water mark.
         peak = max(peak, pool.used_bytes())
+        level_base += n
+        leaf_ref_base += num_leaf_refs
+        level += 1
+        if num_split == 0:
+            break
         events = EventSoA(ev_pos, ev_kind, ev_ref, ev_seg)
         refs = RefSoA(child_tri, child_node)
         nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,

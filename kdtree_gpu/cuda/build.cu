@@ -76,7 +76,6 @@ extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
                                           long long num_events,
                                           long long num_segments,
                                           long long* __restrict__ open_close,  // (E + 1)
-                                          long long* __restrict__ head,        // (E)
                                           unsigned long long* __restrict__ seg_min_cost,
                                           unsigned long long* __restrict__ seg_best)
 {
@@ -91,31 +90,18 @@ extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
     long long closes = kind != KD_EVENT_START;
     open_close[e + 1] = opens | (closes << 32);
     if (e == 0) open_close[0] = 0;
-    head[e] = e == 0 || event_seg[e] != event_seg[e - 1] || event_pos[e] != event_pos[e - 1];
 }
 
-// Part 2: the index of the first event of every run (run_id is the inclusive
-// scan of head, so run r = run_id - 1 starts at run_start[r]).
-extern "C" __global__ void kd_run_starts(const long long* __restrict__ head,
-                                         const long long* __restrict__ run_id,
-                                         long long num_events,
-                                         long long* __restrict__ run_start)
-{
-    long long e = kd_tid();
-    if (e >= num_events) return;
-    if (head[e]) run_start[run_id[e] - 1] = e;
-}
-
-// Part 3: the SAH cost of the plane at every run head (rules R5-R7):
+// Part 2: the SAH cost of the plane at every run head (rules R5-R7), where a
+// run is a maximal sequence of events at one position in one segment:
 //   N_L = opens before the run, N_P = planars in the run,
 //   N_R = N - closes up to the end of the run.
+// The run's end is found by a binary search in the segment's sorted positions
+// (one comparison for the usual run of one or two events).
 // planars(0..i) = opens(0..i) + closes(0..i) - i, since each event is exactly
 // one of END (closes), START (opens) or PLANAR (both).
 extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
-                                          const long long* __restrict__ head,
-                                          const long long* __restrict__ run_id,
-                                          const long long* __restrict__ run_start,
                                           const long long* __restrict__ open_close_ex,
                                           const long long* __restrict__ seg_event_offset,
                                           const long long* __restrict__ node_ref_offset,
@@ -145,11 +131,22 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
         float lo_k = node_lo[3 * node + axis];
         float hi_k = node_hi[3 * node + axis];
         long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
-        if (head[e] && kd_node_active(n_all, leaf_size, level_active) && p > lo_k && p < hi_k
+        bool head = e == 0 || event_seg[e - 1] != seg || event_pos[e - 1] != p;
+        if (head && kd_node_active(n_all, leaf_size, level_active) && p > lo_k && p < hi_k
             && (!longest_only || kd_longest_axis(node_lo, node_hi, node) == axis)) {
             long long seg_start = seg_event_offset[seg];
-            long long run = run_id[e];  // 1-based: the next run starts at run_start[run]
-            long long run_end = run == run_id[num_events - 1] ? num_events : run_start[run];
+            long long seg_end = seg_event_offset[seg + 1];
+            long long run_end = e + 1;
+            if (run_end < seg_end && event_pos[run_end] == p) {
+                // positions in [e, seg_end) are >= p and sorted: the run is
+                // [e, b) with b the first index whose position exceeds p
+                long long a = run_end, b = seg_end;
+                while (b - a > 1) {
+                    long long m = a + (b - a) / 2;
+                    if (event_pos[m] == p) a = m; else b = m;
+                }
+                run_end = b;
+            }
             long long oc_e = open_close_ex[e];
             long long oc_s = open_close_ex[seg_start];
             long long oc_r = open_close_ex[run_end];
@@ -375,12 +372,16 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
                                          const signed char* __restrict__ best_axis,
                                          const float* __restrict__ best_pos,
                                          const long long* __restrict__ split_leaf_ex,
+                                         const float* __restrict__ node_lo,
+                                         const float* __restrict__ node_hi,
                                          long long num_nodes, long long level_base,
                                          long long leaf_ref_base,
                                          signed char* __restrict__ out_axis,
                                          float* __restrict__ out_split,
                                          int* __restrict__ out_child,
-                                         int* __restrict__ out_count)
+                                         int* __restrict__ out_count,
+                                         float* __restrict__ child_lo,
+                                         float* __restrict__ child_hi)
 {
     long long i = kd_tid();
     if (i >= num_nodes) return;
@@ -391,6 +392,17 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
         out_split[o] = best_pos[i];
         out_child[o] = (int)(level_base + num_nodes + 2 * KD_LOW(s0));
         out_count[o] = 0;
+        // Stage make_child_nodes: left = hi[axis] = p, right = lo[axis] = p.
+        long long c = 2 * KD_LOW(s0);
+        int axis = best_axis[i];
+        float p = best_pos[i];
+        for (int k = 0; k < 3; ++k) {
+            float lo = node_lo[3 * i + k], hi = node_hi[3 * i + k];
+            child_lo[3 * c + k] = lo;
+            child_hi[3 * c + k] = k == axis ? p : hi;
+            child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
+            child_hi[3 * (c + 1) + k] = hi;
+        }
     } else {
         out_axis[o] = KD_AXIS_LEAF;
         out_split[o] = 0.0f;
@@ -399,123 +411,100 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
     }
 }
 
-// Stage split_refs (and the leaf lists of emit_level): stable compaction of
-// the references into the children, order kept; references of leaves go to
-// the level's leaf list. Records where each copy went, for split_events.
-extern "C" __global__ void kd_scatter_refs(const int* __restrict__ ref_tri,
-                                           const int* __restrict__ ref_node,
-                                           const unsigned char* __restrict__ ref_class,
-                                           const long long* __restrict__ ref_lr_ex,
-                                           const long long* __restrict__ node_ref_offset,
-                                           const long long* __restrict__ split_leaf_ex,
-                                           const long long* __restrict__ child_ref_offset,
-                                           long long num_refs,
-                                           long long leaf_ref_base,
-                                           int* __restrict__ leaf_tris,
-                                           int* __restrict__ child_tri,
-                                           int* __restrict__ child_node,
-                                           int* __restrict__ ref_new_left,
-                                           int* __restrict__ ref_new_right)
+// Stages split_refs and split_events in one launch over max(R, E) threads:
+// thread i moves reference i (stable compaction into the children, or into
+// the level's leaf list) and event i (into its child segments, order kept, no
+// re-sort). An event points at its reference's copy in the same child, whose
+// index the thread computes from the same scans as the reference's thread.
+__device__ __forceinline__ void kd_ref_destinations(long long r, int node,
+                                                    const long long* ref_lr_ex,
+                                                    const long long* node_ref_offset,
+                                                    const long long* split_leaf_ex,
+                                                    const long long* child_ref_offset,
+                                                    long long* dst_left, long long* dst_right)
 {
-    long long r = kd_tid();
-    if (r >= num_refs) return;
-    int node = ref_node[r];
-    int tri = ref_tri[r];
-    unsigned char cls = ref_class[r];
     long long start = node_ref_offset[node];
-    long long sl = split_leaf_ex[node];
-    if (cls == 0) {
-        leaf_tris[leaf_ref_base + KD_HIGH(sl) + (r - start)] = tri;
-        return;
-    }
-    long long child = 2 * KD_LOW(sl);
+    long long child = 2 * KD_LOW(split_leaf_ex[node]);
     long long lr_r = ref_lr_ex[r], lr_s = ref_lr_ex[start];
-    int new_left = -1, new_right = -1;
-    if (cls & KD_CLASS_LEFT) {
-        long long dst = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
-        child_tri[dst] = tri;
-        child_node[dst] = (int)child;
-        new_left = (int)dst;
-    }
-    if (cls & KD_CLASS_RIGHT) {
-        long long dst = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
-        child_tri[dst] = tri;
-        child_node[dst] = (int)(child + 1);
-        new_right = (int)dst;
-    }
-    ref_new_left[r] = new_left;
-    ref_new_right[r] = new_right;
+    *dst_left = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
+    *dst_right = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
 }
 
-// Stage split_events: stable compaction of every axis's events into the
-// children's segments, order kept (no re-sort); each copy points at its
-// reference's copy in the same child.
-extern "C" __global__ void kd_scatter_events(const float* __restrict__ event_pos,
-                                             const signed char* __restrict__ event_kind,
-                                             const int* __restrict__ event_ref,
-                                             const int* __restrict__ event_seg,
-                                             const unsigned char* __restrict__ ref_class,
-                                             const long long* __restrict__ event_lr_ex,
-                                             const long long* __restrict__ seg_event_offset,
-                                             const long long* __restrict__ split_leaf_ex,
-                                             const long long* __restrict__ child_event_offset,
-                                             const int* __restrict__ ref_new_left,
-                                             const int* __restrict__ ref_new_right,
-                                             long long num_nodes, long long num_events,
-                                             float* __restrict__ out_pos,
-                                             signed char* __restrict__ out_kind,
-                                             int* __restrict__ out_ref,
-                                             int* __restrict__ out_seg)
-{
-    long long e = kd_tid();
-    if (e >= num_events) return;
-    int ref = event_ref[e];
-    unsigned char cls = ref_class[ref];
-    if (cls == 0) return;
-    int seg = event_seg[e];
-    long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
-    long long child_seg = kd_child_group(seg, num_nodes, split_leaf_ex, num_split);
-    long long lr_e = event_lr_ex[e], lr_s = event_lr_ex[seg_event_offset[seg]];
-    float pos = event_pos[e];
-    signed char kind = event_kind[e];
-    if (cls & KD_CLASS_LEFT) {
-        long long dst = child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
-        out_pos[dst] = pos;
-        out_kind[dst] = kind;
-        out_ref[dst] = ref_new_left[ref];
-        out_seg[dst] = (int)child_seg;
-    }
-    if (cls & KD_CLASS_RIGHT) {
-        long long dst = child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
-        out_pos[dst] = pos;
-        out_kind[dst] = kind;
-        out_ref[dst] = ref_new_right[ref];
-        out_seg[dst] = (int)(child_seg + 1);
-    }
-}
-
-// Stage make_child_nodes: child boxes (left: hi[axis] = p; right: lo[axis] = p).
-extern "C" __global__ void kd_child_nodes(const float* __restrict__ node_lo,
-                                          const float* __restrict__ node_hi,
-                                          const bool* __restrict__ node_split,
-                                          const signed char* __restrict__ best_axis,
-                                          const float* __restrict__ best_pos,
-                                          const long long* __restrict__ split_leaf_ex,
-                                          long long num_nodes,
-                                          float* __restrict__ child_lo,
-                                          float* __restrict__ child_hi)
+extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
+                                      const int* __restrict__ ref_node,
+                                      const unsigned char* __restrict__ ref_class,
+                                      const long long* __restrict__ ref_lr_ex,
+                                      const long long* __restrict__ node_ref_offset,
+                                      const long long* __restrict__ split_leaf_ex,
+                                      const long long* __restrict__ child_ref_offset,
+                                      const float* __restrict__ event_pos,
+                                      const signed char* __restrict__ event_kind,
+                                      const int* __restrict__ event_ref,
+                                      const int* __restrict__ event_seg,
+                                      const long long* __restrict__ event_lr_ex,
+                                      const long long* __restrict__ seg_event_offset,
+                                      const long long* __restrict__ child_event_offset,
+                                      long long num_nodes, long long num_refs,
+                                      long long num_events, long long leaf_ref_base,
+                                      int* __restrict__ leaf_tris,
+                                      int* __restrict__ child_tri,
+                                      int* __restrict__ child_node,
+                                      float* __restrict__ out_pos,
+                                      signed char* __restrict__ out_kind,
+                                      int* __restrict__ out_ref,
+                                      int* __restrict__ out_seg)
 {
     long long i = kd_tid();
-    if (i >= num_nodes || !node_split[i]) return;
-    long long c = 2 * KD_LOW(split_leaf_ex[i]);
-    int axis = best_axis[i];
-    float p = best_pos[i];
-    for (int k = 0; k < 3; ++k) {
-        float lo = node_lo[3 * i + k], hi = node_hi[3 * i + k];
-        child_lo[3 * c + k] = lo;
-        child_hi[3 * c + k] = k == axis ? p : hi;
-        child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
-        child_hi[3 * (c + 1) + k] = hi;
+    if (i < num_refs) {
+        int node = ref_node[i];
+        int tri = ref_tri[i];
+        unsigned char cls = ref_class[i];
+        if (cls == 0) {
+            long long sl = split_leaf_ex[node];
+            leaf_tris[leaf_ref_base + KD_HIGH(sl) + (i - node_ref_offset[node])] = tri;
+        } else {
+            long long dl, dr;
+            kd_ref_destinations(i, node, ref_lr_ex, node_ref_offset, split_leaf_ex,
+                                child_ref_offset, &dl, &dr);
+            int child = (int)(2 * KD_LOW(split_leaf_ex[node]));
+            if (cls & KD_CLASS_LEFT) {
+                child_tri[dl] = tri;
+                child_node[dl] = child;
+            }
+            if (cls & KD_CLASS_RIGHT) {
+                child_tri[dr] = tri;
+                child_node[dr] = child + 1;
+            }
+        }
+    }
+    if (i < num_events) {
+        int ref = event_ref[i];
+        unsigned char cls = ref_class[ref];
+        if (cls == 0) return;
+        int node = ref_node[ref];
+        long long rl, rr;
+        kd_ref_destinations(ref, node, ref_lr_ex, node_ref_offset, split_leaf_ex,
+                            child_ref_offset, &rl, &rr);
+        int seg = event_seg[i];
+        long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
+        long long child_seg = kd_child_group(seg, num_nodes, split_leaf_ex, num_split);
+        long long lr_e = event_lr_ex[i], lr_s = event_lr_ex[seg_event_offset[seg]];
+        float pos = event_pos[i];
+        signed char kind = event_kind[i];
+        if (cls & KD_CLASS_LEFT) {
+            long long dst = child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
+            out_pos[dst] = pos;
+            out_kind[dst] = kind;
+            out_ref[dst] = (int)rl;
+            out_seg[dst] = (int)child_seg;
+        }
+        if (cls & KD_CLASS_RIGHT) {
+            long long dst = child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
+            out_pos[dst] = pos;
+            out_kind[dst] = kind;
+            out_ref[dst] = (int)rr;
+            out_seg[dst] = (int)(child_seg + 1);
+        }
     }
 }
 
@@ -637,6 +626,17 @@ __device__ __forceinline__ unsigned long long kd_ordered_bits(float x)
     return (unsigned long long)((u & 0x80000000u) ? ~u : (u | 0x80000000u));
 }
 
+// Key layout: axis (2 bits) | ordered position (32) | kind (2) | reference (28),
+// so one sort orders the three axes' events at once (rule R3 within each axis).
+#define KD_KEY_REF_BITS 28
+
+__device__ __forceinline__ unsigned long long kd_event_key(int axis, float pos, int kind,
+                                                           long long ref)
+{
+    return ((unsigned long long)axis << 62) | (kd_ordered_bits(pos) << (KD_KEY_REF_BITS + 2))
+           | ((unsigned long long)kind << KD_KEY_REF_BITS) | (unsigned long long)ref;
+}
+
 extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
                                               const float* __restrict__ tri_hi,
                                               const int* __restrict__ ref_tri,
@@ -649,20 +649,19 @@ extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
     for (int k = 0; k < 3; ++k) {
         float a = tri_lo[3 * tri + k], b = tri_hi[3 * tri + k];
         unsigned long long* out = keys + (long long)k * 2 * num_refs + 2 * r;
-        unsigned long long ref = (unsigned long long)r;
         if (a == b) {
-            out[0] = (kd_ordered_bits(a) << 32) | ((unsigned long long)KD_EVENT_PLANAR << 30) | ref;
+            out[0] = kd_event_key(k, a, KD_EVENT_PLANAR, r);
             out[1] = 0xffffffffffffffffull;
         } else {
-            out[0] = (kd_ordered_bits(b) << 32) | ((unsigned long long)KD_EVENT_END << 30) | ref;
-            out[1] = (kd_ordered_bits(a) << 32) | ((unsigned long long)KD_EVENT_START << 30) | ref;
+            out[0] = kd_event_key(k, b, KD_EVENT_END, r);
+            out[1] = kd_event_key(k, a, KD_EVENT_START, r);
         }
     }
 }
 
-// Decode sorted keys of one axis into the event arrays (at that axis's offset).
+// Decode the sorted keys into the root's event arrays (segment = axis).
 extern "C" __global__ void kd_root_events_decode(const unsigned long long* __restrict__ keys,
-                                                 long long count, int axis,
+                                                 long long count,
                                                  float* __restrict__ event_pos,
                                                  signed char* __restrict__ event_kind,
                                                  int* __restrict__ event_ref,
@@ -671,12 +670,12 @@ extern "C" __global__ void kd_root_events_decode(const unsigned long long* __res
     long long e = kd_tid();
     if (e >= count) return;
     unsigned long long key = keys[e];
-    unsigned int bits = (unsigned int)(key >> 32);
+    unsigned int bits = (unsigned int)(key >> (KD_KEY_REF_BITS + 2));
     bits = (bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits;
     event_pos[e] = __uint_as_float(bits);
-    event_kind[e] = (signed char)((key >> 30) & 3u);
-    event_ref[e] = (int)(key & 0x3fffffffu);
-    event_seg[e] = axis;
+    event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
+    event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
+    event_seg[e] = (int)(key >> 62);
 }
 
 // --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
@@ -763,12 +762,17 @@ kd_scan_tiles(const long long* __restrict__ in, long long n,
     }
 }
 
-// Small arrays: one block scans the whole array in chunks of KD_SCAN_TILE,
-// one launch instead of three (the builder's small levels are bound by
-// launch overhead, not by the scan).
+// Small arrays: one block scans a whole array in chunks of KD_SCAN_TILE, one
+// launch instead of three (the builder's small levels are bound by launch
+// overhead, not by the scan). Two arrays may share the launch: block 0 scans
+// (in0, out0), block 1 (in1, out1).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_small(const long long* __restrict__ in, long long n, long long* __restrict__ out)
+kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* __restrict__ out0,
+                   const long long* __restrict__ in1, long long n1, long long* __restrict__ out1)
 {
+    const long long* in = blockIdx.x == 0 ? in0 : in1;
+    long long n = blockIdx.x == 0 ? n0 : n1;
+    long long* out = blockIdx.x == 0 ? out0 : out1;
     long long carry = 0;
     for (long long tile = 0; tile < n; tile += KD_SCAN_TILE) {
         long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
