@@ -45,11 +45,20 @@ Queues and compaction
 ---------------------
 Queues are structures of arrays declared once (:class:`PathQueue`,
 :class:`HitQueue`, :class:`LightSampleQueue`, :class:`ShadowQueue`), with
-dtypes fixed in their field declarations. With ``compaction=True`` the live
-paths are gathered to the front of a new queue after every bounce (GAPT part
-11, section 11.1, thread compaction); with ``compaction=False`` the queue keeps
-its length, dead paths stay in it masked (``path_alive = 0``, ray interval
-empty) and every kernel still runs one thread for each of them.
+dtypes fixed in their field declarations. They are allocated once per render
+(:class:`QueueBuffers`) at the size of one pass; a bounce works on views of
+their first rows, so no bounce allocates a queue. With ``compaction=True`` the
+live paths are moved to the front of the other of two path buffers after every
+bounce (ping-pong; GAPT part 11, section 11.1, thread compaction), and the
+shadow rays that carry light are moved to the front of their own buffer before
+they are traced. On the GPU one compaction is two launches
+(:meth:`Compactor.compact`: live rows per tile, then one kernel that ranks the
+live rows and moves every field of the queue), and the number of live paths is
+the loop's one device-to-host read per bounce; shadow rays need no read (the
+dead rows are marked at the back of the buffer and the traversal runs over the
+whole of it). With ``compaction=False`` the queue keeps its length, dead paths
+stay in it masked (``path_alive = 0``, ray interval empty) and every kernel
+still runs one thread for each of them.
 
 Random numbers
 --------------
@@ -82,7 +91,8 @@ __all__ = [
     "save_png", "tonemap", "PathQueue", "HitQueue", "LightSampleQueue", "ShadowQueue",
     "generate_camera_rays", "intersect_closest", "handle_escaped_rays", "add_emission",
     "sample_lights", "expand_light_samples", "trace_shadow_rays", "sample_bsdf",
-    "russian_roulette", "compact_paths", "accumulate_film", "trace_paths",
+    "russian_roulette", "compact_paths", "compact_shadow_rays", "accumulate_film", "trace_paths",
+    "QueueBuffers", "Compactor", "compaction_tiles", "field_table", "compact_rows_xp",
 ]
 
 RENDER_SOURCE = "render.cu"
@@ -110,6 +120,20 @@ DIM_ROULETTE = 7
 
 _U32 = 0xFFFFFFFF
 
+# Stream compaction (render.cu, kd_render_count_live_tiles / kd_render_compact_rows):
+# threads per block, and the most tiles (blocks) of one launch; each block of
+# the move kernel adds up the counts of the tiles before it, so fewer, larger
+# tiles keep that sum short.
+COMPACT_BLOCK = 256
+COMPACT_MAX_TILES = 1024
+COMPACT_MAX_FIELDS = 16  # KD_COMPACT_MAX_FIELDS
+COMPACT_FLAG_U8, COMPACT_FLAG_F32 = 0, 1  # KD_COMPACT_FLAG_*: live = flag != 0, flag > 0
+# Slots of the device counters written by the compaction kernel.
+COUNTER_LIVE_PATHS = 0  # live paths after the last path compaction
+COUNTER_SHADOW_RAYS = 1  # shadow rays after the last shadow-ray compaction
+COUNTER_SHADOW_RAYS_TOTAL = 2  # shadow rays traced in this render
+NUM_COUNTERS = 4
+
 
 # --- structures of arrays ------------------------------------------------------
 def soa_field(dtype, width: Optional[int] = None):
@@ -118,7 +142,13 @@ def soa_field(dtype, width: Optional[int] = None):
 
 
 class SoA:
-    """Helpers shared by every queue: allocate, gather and size all fields together."""
+    """Helpers shared by every queue: allocate, gather, view and size all fields together.
+
+    ``live_field`` names the field that says whether a row is live (for
+    compaction): a uint8 field is live where nonzero, a float32 one where > 0.
+    """
+
+    live_field: Optional[str] = None
 
     @classmethod
     def allocate(cls, xp, n: int, zero: bool = True):
@@ -134,6 +164,10 @@ class SoA:
     def take(self, index):
         """A new queue holding entries ``index`` (int array) of every field, in that order."""
         return type(self)(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+
+    def prefix(self, n: int):
+        """A queue viewing the first ``n`` rows of every field (no copy)."""
+        return type(self)(**{f.name: getattr(self, f.name)[:n] for f in dataclasses.fields(self)})
 
     @property
     def size(self) -> int:
@@ -169,6 +203,8 @@ class PathQueue(SoA):
         Bounces so far (0 for camera rays).
     path_alive : (num_paths,) uint8
     """
+
+    live_field = "path_alive"
 
     ray_origin: object = soa_field(np.float32, 3)
     ray_direction: object = soa_field(np.float32, 3)
@@ -233,6 +269,8 @@ class ShadowQueue(SoA):
         Throughput * BSDF * Le * cos / pdf * MIS weight.
     shadow_pixel : (num_rays,) int32
     """
+
+    live_field = "shadow_tmax"
 
     shadow_origin: object = soa_field(np.float32, 3)
     shadow_direction: object = soa_field(np.float32, 3)
@@ -469,6 +507,242 @@ def path_keys(xp, seed: int, sample, pixel):
     return pcg_hash(xp, pcg_hash(xp, sample.astype(np.uint32) + seed_hash) + pixel.astype(np.uint32))
 
 
+# --- stream compaction -----------------------------------------------------------------
+def compaction_tiles(n: int):
+    """Tiling of ``n`` rows for the compaction kernels.
+
+    Returns
+    -------
+    tile_size : int
+        Rows per tile (block), a multiple of :data:`COMPACT_BLOCK`.
+    num_tiles : int
+        At most :data:`COMPACT_MAX_TILES`.
+    """
+    per_thread = max(1, -(-int(n) // (COMPACT_BLOCK * COMPACT_MAX_TILES)))
+    tile_size = COMPACT_BLOCK * per_thread
+    return tile_size, -(-int(n) // tile_size)
+
+
+def _address(a) -> int:
+    return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)
+
+
+def field_table(xp, source: SoA, destination: SoA):
+    """The compaction kernel's table of (source address, destination address, bytes per row).
+
+    Parameters
+    ----------
+    source, destination : SoA of one type
+        Buffers that do not overlap; their first rows are moved.
+
+    Returns
+    -------
+    (3 * num_fields,) int64
+        On the backend of ``xp``; valid while both buffers live.
+    """
+    if type(source) is not type(destination):
+        raise TypeError(f"source and destination must be of one queue type, got "
+                        f"{type(source).__name__} and {type(destination).__name__}")
+    fields = dataclasses.fields(source)
+    if len(fields) > COMPACT_MAX_FIELDS:
+        raise ValueError(f"{type(source).__name__} has {len(fields)} fields; the compaction kernel "
+                         f"takes at most {COMPACT_MAX_FIELDS}")
+    rows = []
+    for f in fields:
+        a, b = getattr(source, f.name), getattr(destination, f.name)
+        for name, array in (("source", a), ("destination", b)):
+            if not array.flags.c_contiguous:
+                raise ValueError(f"{name} field {f.name} must be C-contiguous")
+        row_bytes = a.dtype.itemsize * (f.metadata["width"] or 1)
+        rows += [_address(a), _address(b), row_bytes]
+    return xp.asarray(np.array(rows, dtype=np.int64))
+
+
+def _live_mask(queue: SoA):
+    flag = getattr(queue, queue.live_field)
+    return flag != 0 if flag.dtype == np.uint8 else flag > 0
+
+
+def compact_rows_xp(xp, source: SoA, destination: SoA, live=None, dead_to_back: bool = False) -> int:
+    """Array-expression twin of :meth:`Compactor.compact`: move the live rows to the front.
+
+    Parameters
+    ----------
+    source : SoA
+        ``n`` rows (a view of a buffer).
+    destination : SoA of the same type
+        At least ``n`` rows, not overlapping ``source``; rows ``[0, num_live)``
+        of every field receive the live rows in order.
+    live : (n,) bool, optional
+        Default: the source's ``live_field`` (nonzero, or > 0 for float).
+    dead_to_back : bool
+        Also mark rows ``[num_live, n)`` of the destination's ``live_field``
+        dead (0, or -1 for float), as the kernel does.
+
+    Returns
+    -------
+    int
+        ``num_live``.
+    """
+    if live is None:
+        live = _live_mask(source)
+    index = xp.flatnonzero(live)
+    num_live = int(index.shape[0])
+    for name, array in source.arrays().items():
+        getattr(destination, name)[:num_live] = array[index]
+    if dead_to_back:
+        flag = getattr(destination, source.live_field)
+        flag[num_live:source.size] = 0 if flag.dtype == np.uint8 else -1
+    return num_live
+
+
+class Compactor:
+    """Order-keeping stream compaction of SoA queues with the kernels of render.cu.
+
+    One compaction is two launches over tiles of rows (see
+    :func:`compaction_tiles`): ``kd_render_count_live_tiles`` counts the live
+    rows of each tile, and ``kd_render_compact_rows`` ranks the live rows of
+    its tile (the counts of the tiles before it plus a block scan) and moves
+    every field, described by a :func:`field_table`. The number of live rows
+    stays on the device in :attr:`counters` until :meth:`read_counters`.
+
+    Parameters
+    ----------
+    xp : module
+        CuPy (or NumPy, for the kernels compiled for the host in the tests).
+
+    Attributes
+    ----------
+    tile_count : (COMPACT_MAX_TILES,) int32
+    counters : (NUM_COUNTERS,) int64
+        See the ``COUNTER_*`` slots.
+    """
+
+    def __init__(self, xp):
+        self.xp = xp
+        self.tile_count = xp.zeros(COMPACT_MAX_TILES, dtype=np.int32)
+        self.counters = xp.zeros(NUM_COUNTERS, dtype=np.int64)
+        self.counters_host = self.counters
+        if xp is not np:
+            # pinned host memory: the per-bounce count read is one small async copy
+            memory = xp.cuda.alloc_pinned_memory(NUM_COUNTERS * 8)
+            self.counters_host = np.frombuffer(memory, np.int64, NUM_COUNTERS)
+
+    def compact(self, description: str, source: SoA, table, destination: SoA,
+                dead_to_back: bool = False, total_slot: int = COUNTER_LIVE_PATHS,
+                sum_slot: int = -1) -> None:
+        """Move the live rows of ``source`` to the front of ``destination``, order kept.
+
+        Parameters
+        ----------
+        description : str
+            Profile name; the launches are ``"<description>: count tiles"``
+            and ``"<description>: move rows"``.
+        source : SoA
+            ``n`` rows, a view of the first rows of the buffer that ``table``
+            was made from; rows are live by the queue's ``live_field``.
+        table : (3 * num_fields,) int64
+            :func:`field_table` of (source buffer, destination buffer).
+        destination : SoA
+            The destination buffer.
+        dead_to_back : bool
+            Mark rows ``[num_live, n)`` of the destination dead as well.
+        total_slot : int
+            Counter that receives ``num_live``.
+        sum_slot : int
+            Counter that ``num_live`` is added to (-1: none).
+        """
+        n = source.size
+        if n == 0:
+            self.counters[total_slot] = 0
+            return
+        flag = getattr(source, source.live_field)
+        flag_kind = COMPACT_FLAG_U8 if flag.dtype == np.uint8 else COMPACT_FLAG_F32
+        tile_size, num_tiles = compaction_tiles(n)
+        num_fields = len(dataclasses.fields(source))
+        _launch(None, description + ": count tiles", "kd_render_count_live_tiles",
+                num_tiles * COMPACT_BLOCK, (
+                    _i32(n), _i32(tile_size), flag, _i32(flag_kind), self.tile_count),
+                block=COMPACT_BLOCK)
+        _launch(None, description + ": move rows", "kd_render_compact_rows",
+                num_tiles * COMPACT_BLOCK, (
+                    _i32(n), _i32(tile_size), _i32(num_tiles), flag, _i32(flag_kind),
+                    self.tile_count, _i32(num_fields), table, _i32(1 if dead_to_back else 0),
+                    getattr(destination, source.live_field), self.counters, _i32(total_slot),
+                    _i32(sum_slot)),
+                block=COMPACT_BLOCK)
+
+    def read_counters(self) -> np.ndarray:
+        """The counters on the host: a device-to-host read, which waits for the GPU.
+
+        Returns
+        -------
+        (NUM_COUNTERS,) int64
+            Valid until the next read.
+        """
+        if self.xp is np:
+            return self.counters
+        self.counters.get(out=self.counters_host)
+        return self.counters_host
+
+
+@dataclasses.dataclass
+class QueueBuffers:
+    """The queues of one render, allocated once at the size of a pass and reused by every bounce.
+
+    Attributes
+    ----------
+    paths : tuple of two PathQueue
+        Ping-pong buffers; ``paths[current]`` holds the live queue.
+    path_tables : tuple of two (3 * 9,) int64
+        :func:`field_table` from ``paths[k]`` to ``paths[1 - k]``.
+    light_samples : LightSampleQueue
+    shadow : ShadowQueue
+        Shadow rays as expanded, one per path.
+    shadow_compact : ShadowQueue
+        The shadow rays that carry light, at the front.
+    shadow_table : (3 * 5,) int64
+    ray_tmin : (capacity,) float32
+        Zeros: the ``tmin`` of every ray.
+    compactor : Compactor or None
+        With the kernels only.
+    current : int
+    """
+
+    paths: tuple
+    path_tables: tuple
+    light_samples: LightSampleQueue
+    shadow: ShadowQueue
+    shadow_compact: ShadowQueue
+    shadow_table: object
+    ray_tmin: object
+    compactor: Optional[Compactor]
+    current: int = 0
+
+    @classmethod
+    def allocate(cls, xp, capacity: int, use_kernels: bool, compaction: bool) -> "QueueBuffers":
+        """Buffers for passes of up to ``capacity`` paths.
+
+        The array-expression stages leave rows they do not reach untouched,
+        so their buffers start zeroed (finite values everywhere); the kernels
+        write every row they later read.
+        """
+        zero = not use_kernels
+        paths = (PathQueue.allocate(xp, capacity, zero=zero),
+                 PathQueue.allocate(xp, capacity, zero=zero) if compaction else None)
+        shadow = ShadowQueue.allocate(xp, capacity, zero=zero)
+        shadow_compact = ShadowQueue.allocate(xp, capacity, zero=zero) if compaction else None
+        path_tables = shadow_table = compactor = None
+        if compaction and use_kernels:
+            path_tables = (field_table(xp, paths[0], paths[1]), field_table(xp, paths[1], paths[0]))
+            shadow_table = field_table(xp, shadow, shadow_compact)
+            compactor = Compactor(xp)
+        return cls(paths=paths, path_tables=path_tables,
+                   light_samples=LightSampleQueue.allocate(xp, capacity, zero=zero),
+                   shadow=shadow, shadow_compact=shadow_compact, shadow_table=shadow_table,
+                   ray_tmin=xp.zeros(capacity, dtype=np.float32), compactor=compactor)
+
+
 # --- the render context ------------------------------------------------------------
 @dataclasses.dataclass
 class RenderContext:
@@ -487,22 +761,35 @@ class RenderContext:
     use_kernels: bool
     pass_radiance: object = None  # (num_pixels, 3) float32, radiance of the current pass
     film_sum: object = None  # (num_pixels, 3) float32, sum over passes
+    buffers: Optional[QueueBuffers] = None
 
     @property
     def num_pixels(self) -> int:
         return self.width * self.height
 
 
+_kernel_cache: dict = {}
+
+
 def _kernel(name: str):
-    from .kernels import get_function
+    # about a dozen lookups per bounce: one dict access per (device, kernel)
+    # after the first compile through the module factory
+    import cupy
 
-    return get_function(RENDER_SOURCE, name)
+    key = (cupy.cuda.runtime.getDevice(), name)
+    kernel = _kernel_cache.get(key)
+    if kernel is None:
+        from .kernels import get_function
+
+        kernel = _kernel_cache[key] = get_function(RENDER_SOURCE, name)
+    return kernel
 
 
-def _launch(ctx: RenderContext, description: str, name: str, n: int, args: tuple) -> None:
-    from .launch import launch
+def _launch(ctx: Optional[RenderContext], description: str, name: str, n: int, args: tuple,
+            block: Optional[int] = None) -> None:
+    from .launch import DEFAULT_BLOCK, launch
 
-    launch(description, _kernel(name), n, args)
+    launch(description, _kernel(name), n, args, block=block or DEFAULT_BLOCK)
 
 
 @contextlib.contextmanager
@@ -606,12 +893,13 @@ def generate_camera_rays(ctx: RenderContext, first_sample: int, num_samples: int
     Returns
     -------
     PathQueue
-        ``num_pixels * num_samples`` live paths, throughput 1, depth 0.
+        ``num_pixels * num_samples`` live paths, throughput 1, depth 0: a
+        view of the first path buffer.
     """
     xp = ctx.xp
     n = ctx.num_pixels * num_samples
-    # the kernel writes every field of every entry
-    queue = PathQueue.allocate(xp, n, zero=not ctx.use_kernels)
+    ctx.buffers.current = 0
+    queue = ctx.buffers.paths[0].prefix(n)
     seed_hash = np.uint32(pcg_hash_scalar(int(ctx.seed) & _U32))
     if ctx.use_kernels:
         _launch(ctx, "render: generate camera rays", "kd_render_generate_camera_rays", n, (
@@ -638,8 +926,10 @@ def generate_camera_rays(ctx: RenderContext, first_sample: int, num_samples: int
         queue.ray_direction[:] = _normalize_rows(xp, direction)
         queue.ray_tmax[:] = np.inf
         queue.path_throughput[:] = 1
+        queue.path_bsdf_pdf[:] = 0
         queue.path_pixel[:] = pixel
         queue.path_key[:] = key
+        queue.path_depth[:] = 0
         queue.path_alive[:] = 1
     return queue
 
@@ -651,8 +941,7 @@ def intersect_closest(ctx: RenderContext, queue: PathQueue) -> HitQueue:
     -------
     HitQueue
     """
-    xp = ctx.xp
-    tmin = xp.zeros(queue.size, dtype=np.float32)
+    tmin = ctx.buffers.ray_tmin[:queue.size]
     with _tracer_stage(ctx, "render: intersect closest"):
         return ctx.tracer.intersect(queue.ray_origin, queue.ray_direction, tmin, queue.ray_tmax)
 
@@ -732,7 +1021,7 @@ def sample_lights(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: in
     """
     xp = ctx.xp
     sc = ctx.scene
-    samples = LightSampleQueue.allocate(xp, queue.size, zero=not ctx.use_kernels)
+    samples = ctx.buffers.light_samples.prefix(queue.size)
     num_lights = sc.num_lights
     if ctx.use_kernels:
         _launch(ctx, "render: sample lights", "kd_render_sample_lights", queue.size, (
@@ -770,7 +1059,7 @@ def expand_light_samples(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     xp = ctx.xp
     sc = ctx.scene
     # the kernel sets shadow_tmax = -1 where it writes nothing else
-    shadow = ShadowQueue.allocate(xp, queue.size, zero=not ctx.use_kernels)
+    shadow = ctx.buffers.shadow.prefix(queue.size)
     if ctx.use_kernels:
         _launch(ctx, "render: expand light samples", "kd_render_expand_light_samples", queue.size, (
             _i32(queue.size), _f32(sc.ray_epsilon), _f32(sc.min_scale), _i32(sc.two_sided),
@@ -823,18 +1112,20 @@ def trace_shadow_rays(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
     Returns
     -------
     int
-        Shadow rays traced.
+        Shadow rays traced as far as the host knows them: queue entries
+        without compaction, the rays that carry light with compaction on the
+        array-expression path, and 0 with compaction on the kernel path, where
+        they are counted on the device (``COUNTER_SHADOW_RAYS_TOTAL``).
     """
     xp = ctx.xp
     shadow = expand_light_samples(ctx, queue, hit, samples)
+    num_counted = shadow.size
     if ctx.compaction:
-        with _stage(ctx, "render: compact shadow rays"):
-            # device-to-host read: the number of shadow rays sizes the queue
-            shadow = shadow.take(xp.flatnonzero(shadow.shadow_tmax > 0))
+        shadow, num_counted = compact_shadow_rays(ctx, shadow)
     num_rays = shadow.size
     if num_rays == 0:
         return 0
-    tmin = xp.zeros(num_rays, dtype=np.float32)
+    tmin = ctx.buffers.ray_tmin[:num_rays]
     with _tracer_stage(ctx, "render: trace shadow rays"):
         occluded = ctx.tracer.occluded(shadow.shadow_origin, shadow.shadow_direction, tmin,
                                        shadow.shadow_tmax)
@@ -847,7 +1138,34 @@ def trace_shadow_rays(ctx: RenderContext, queue: PathQueue, hit: HitQueue,
             visible = xp.flatnonzero(~occluded & (shadow.shadow_tmax > 0))
             scatter_add_rows(xp, ctx.pass_radiance, shadow.shadow_pixel[visible],
                              shadow.shadow_radiance[visible])
-    return num_rays
+    return num_counted
+
+
+def compact_shadow_rays(ctx: RenderContext, shadow: ShadowQueue):
+    """Move the shadow rays that carry light (``shadow_tmax > 0``) to the front.
+
+    With the kernels no count comes to the host: the returned queue keeps all
+    ``shadow.size`` rows, the rays in front and rows marked dead
+    (``shadow_tmax = -1``) behind them, so the traversal's dead threads are
+    whole warps at the end that return at once.
+
+    Returns
+    -------
+    shadow : ShadowQueue
+        A view of the compacted buffer.
+    num_counted : int
+        The rays in front, or 0 when they are counted on the device.
+    """
+    b = ctx.buffers
+    if ctx.use_kernels:
+        b.compactor.compact("render: compact shadow rays", shadow, b.shadow_table,
+                            b.shadow_compact, dead_to_back=True, total_slot=COUNTER_SHADOW_RAYS,
+                            sum_slot=COUNTER_SHADOW_RAYS_TOTAL)
+        return b.shadow_compact.prefix(shadow.size), 0
+    with _stage(ctx, "render: compact shadow rays"):
+        # device-to-host read on CuPy (the twin's flatnonzero): it sizes the queue
+        num_rays = compact_rows_xp(ctx.xp, shadow, b.shadow_compact)
+    return b.shadow_compact.prefix(num_rays), num_rays
 
 
 def sample_bsdf(ctx: RenderContext, queue: PathQueue, hit: HitQueue, depth: int) -> None:
@@ -942,22 +1260,32 @@ def russian_roulette(ctx: RenderContext, queue: PathQueue, depth: int) -> None:
 
 
 def compact_paths(ctx: RenderContext, queue: PathQueue):
-    """Gather the live paths (``compaction=True``) or just count them.
+    """Move the live paths to the front of the other path buffer (``compaction=True``), or count them.
 
     Returns
     -------
     queue : PathQueue
-        The compacted queue, or the same one.
+        The compacted queue (a view of the other buffer), or the same one.
     num_live : int
-        Live paths (a device-to-host read: the loop needs it to stop).
+        Live paths (a device-to-host read: the loop needs it to stop, and
+        the next bounce's launches are sized by it).
     """
     xp = ctx.xp
-    with _stage(ctx, "render: compact paths" if ctx.compaction else "render: count live paths"):
-        if ctx.compaction:
-            live = xp.flatnonzero(queue.path_alive)
-            queue = queue.take(live)
-            return queue, queue.size
-        return queue, int(xp.count_nonzero(queue.path_alive))
+    if not ctx.compaction:
+        with _stage(ctx, "render: count live paths"):
+            return queue, int(xp.count_nonzero(queue.path_alive))
+    b = ctx.buffers
+    source, target = b.current, 1 - b.current
+    if ctx.use_kernels:
+        b.compactor.compact("render: compact paths", queue, b.path_tables[source], b.paths[target],
+                            total_slot=COUNTER_LIVE_PATHS)
+        # device-to-host read of the count (the loop's one synchronization per bounce)
+        num_live = int(b.compactor.read_counters()[COUNTER_LIVE_PATHS])
+    else:
+        with _stage(ctx, "render: compact paths"):
+            num_live = compact_rows_xp(xp, queue, b.paths[target])
+    b.current = target
+    return b.paths[target].prefix(num_live), num_live
 
 
 def accumulate_film(ctx: RenderContext) -> None:
@@ -1121,6 +1449,9 @@ class Renderer:
             paths_per_pass = DEFAULT_PATHS_PER_PASS[self.device]
         paths_per_pass = _check_int("paths_per_pass", paths_per_pass, 1)
         samples_per_pass = max(1, min(spp, paths_per_pass // ctx.num_pixels))
+        # every queue of every bounce lives in these (allocated before the clock starts)
+        ctx.buffers = QueueBuffers.allocate(xp, samples_per_pass * ctx.num_pixels,
+                                            self.use_kernels, compaction)
         stats = {"paths_per_depth": [], "queue_per_depth": [], "shadow_rays": 0,
                  "max_depth_reached": 0}
 
@@ -1145,6 +1476,10 @@ class Renderer:
             if self.device == "cuda":
                 image = image.get()  # device-to-host copy: waits for the last pass
             seconds = time.perf_counter() - start
+        if ctx.buffers.compactor is not None:
+            # shadow rays counted on the device (the GPU is idle: no wait)
+            stats["shadow_rays"] += int(
+                ctx.buffers.compactor.read_counters()[COUNTER_SHADOW_RAYS_TOTAL])
         stages = _profile_difference(before, profiler.as_dict()) if profile else {}
 
         stats.update({

@@ -343,3 +343,120 @@ extern "C" __global__ void kd_render_russian_roulette(
     }
     kd_store3(path_throughput, i, kd_scale(throughput, 1.0f / survive));
 }
+
+// --- Stream compaction of a queue (GAPT part 11, section 11.1) ----------------------
+// Two launches over tiles of `tile_size` consecutive rows, one block per tile:
+//   kd_render_count_live_tiles   live rows of each tile
+//   kd_render_compact_rows       each block adds up the counts of the tiles
+//                                before it (a few KB, from L2), ranks its live
+//                                rows with a block scan, and moves every field
+//                                of each live row to its rank, in order
+// The fields are described by a table of (source, destination, bytes per row)
+// for all of them, so one launch moves a whole SoA queue. Source and
+// destination must not overlap (the queues ping-pong between two buffers).
+// A row is live when flag[i] != 0 (uint8 flag) or flag[i] > 0 (float flag).
+#define KD_COMPACT_FLAG_U8 0
+#define KD_COMPACT_FLAG_F32 1
+#define KD_COMPACT_MAX_FIELDS 16
+#define KD_COMPACT_MAX_WARPS 32
+
+__device__ __forceinline__ int kd_row_is_live(const void* flag, int flag_kind, int i)
+{
+    return flag_kind == KD_COMPACT_FLAG_U8 ? (((const unsigned char*)flag)[i] != 0)
+                                           : (((const float*)flag)[i] > 0.0f);
+}
+
+// Live rows of each tile: tile_count[blockIdx.x].
+extern "C" __global__ void kd_render_count_live_tiles(
+    int n, int tile_size, const void* __restrict__ flag, int flag_kind,
+    int* __restrict__ tile_count)
+{
+    int start = blockIdx.x * tile_size;
+    int end = min(n, start + tile_size);
+    int count = 0;
+    // the loop bound is the same for the whole block: every thread reaches the barrier
+    for (int base = start; base < end; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        count += __syncthreads_count(i < end && kd_row_is_live(flag, flag_kind, i));
+    }
+    if (threadIdx.x == 0) tile_count[blockIdx.x] = count;
+}
+
+// Move the live rows of every field to their rank among the live rows (order
+// kept). field_table holds 3 * num_fields values: source address, destination
+// address, bytes per row. With dead_to_back, the flag of dead row number r
+// (in order) is set to dead (0, or -1.0f) at destination row n - 1 - r, so
+// rows [num_live, n) of the destination are all dead: a later launch over n
+// rows needs no count from the host. The last tile writes the number of live
+// rows to counters[total_slot] and, when sum_slot >= 0, adds it to
+// counters[sum_slot].
+extern "C" __global__ void kd_render_compact_rows(
+    int n, int tile_size, int num_tiles, const void* __restrict__ flag, int flag_kind,
+    const int* __restrict__ tile_count, int num_fields, const long long* __restrict__ field_table,
+    int dead_to_back, void* __restrict__ flag_out, long long* __restrict__ counters,
+    int total_slot, int sum_slot)
+{
+    __shared__ long long table[3 * KD_COMPACT_MAX_FIELDS];
+    __shared__ int warp_live[KD_COMPACT_MAX_WARPS];
+    __shared__ int tile_base;
+    int tile = blockIdx.x;
+    for (int k = threadIdx.x; k < 3 * num_fields; k += blockDim.x) table[k] = field_table[k];
+    if (threadIdx.x == 0) tile_base = 0;
+    __syncthreads();
+    // live rows before this tile
+    int before = 0;
+    for (int t = threadIdx.x; t < tile; t += blockDim.x) before += tile_count[t];
+    if (before) atomicAdd(&tile_base, before);
+    __syncthreads();
+
+    int lane = threadIdx.x & 31;
+    int warp = threadIdx.x >> 5;
+    int num_warps = (blockDim.x + 31) >> 5;
+    int running = tile_base;  // live rows before the current chunk
+    int start = tile * tile_size;
+    int end = min(n, start + tile_size);
+    for (int base = start; base < end; base += blockDim.x) {
+        int i = base + threadIdx.x;
+        int live = i < end && kd_row_is_live(flag, flag_kind, i);
+        unsigned int ballot = __ballot_sync(0xffffffffu, live);
+        if (lane == 0) warp_live[warp] = __popc(ballot);
+        __syncthreads();
+        // live rows before row i: earlier chunks, earlier warps, earlier lanes
+        int rank = running + __popc(ballot & ((1u << lane) - 1u));
+        int chunk_live = 0;
+        for (int w = 0; w < num_warps; ++w) {
+            int c = warp_live[w];
+            rank += w < warp ? c : 0;
+            chunk_live += c;
+        }
+        __syncthreads();  // warp_live is written again by the next chunk
+        if (live) {
+            for (int f = 0; f < num_fields; ++f) {
+                const char* src = (const char*)table[3 * f];
+                char* dst = (char*)table[3 * f + 1];
+                long long row_bytes = table[3 * f + 2];
+                if ((row_bytes & 3) == 0) {
+                    const unsigned int* s = (const unsigned int*)(src + (long long)i * row_bytes);
+                    unsigned int* d = (unsigned int*)(dst + (long long)rank * row_bytes);
+                    for (long long w = 0; w < (row_bytes >> 2); ++w) d[w] = s[w];
+                } else {
+                    const char* s = src + (long long)i * row_bytes;
+                    char* d = dst + (long long)rank * row_bytes;
+                    for (long long b = 0; b < row_bytes; ++b) d[b] = s[b];
+                }
+            }
+        } else if (dead_to_back && i < end) {
+            int slot = n - 1 - (i - rank);
+            if (flag_kind == KD_COMPACT_FLAG_U8) {
+                ((unsigned char*)flag_out)[slot] = 0;
+            } else {
+                ((float*)flag_out)[slot] = -1.0f;
+            }
+        }
+        running += chunk_live;
+    }
+    if (tile == num_tiles - 1 && threadIdx.x == 0) {
+        counters[total_slot] = running;
+        if (sum_slot >= 0) counters[sum_slot] += running;
+    }
+}

@@ -462,7 +462,10 @@ def test_cornell_box_renders_with_the_kdtree_on_cpu():
 # render.cu uses only built-in types and a few CUDA intrinsics; with this shim
 # g++ compiles it as plain C++, each kernel a function of one thread. Running
 # every thread in turn checks the kernels' logic (indexing, argument order,
-# formulas) against the NumPy stages without a GPU.
+# formulas) against the NumPy stages without a GPU. The block-wide kernels
+# (compaction) run with blocks of one thread (R.COMPACT_BLOCK = 1): barriers
+# and warp votes then involve that thread alone, which still checks the tile
+# arithmetic, the ranks and the field moves; the GPU tests check the block scan.
 HOST_SHIM = r"""
 #pragma once
 #include <cmath>
@@ -472,11 +475,21 @@ struct float3 { float x, y, z; };
 struct float4 { float x, y, z, w; };
 struct kd_dim3 { unsigned int x, y, z; };
 static kd_dim3 threadIdx = {0, 0, 0}, blockIdx = {0, 0, 0}, blockDim = {1, 1, 1};
-extern "C" void kd_host_set_thread(int i) { threadIdx.x = (unsigned int)i; }
+extern "C" void kd_host_set_thread(int block, int thread, int block_dim) {
+    blockIdx.x = (unsigned int)block;
+    threadIdx.x = (unsigned int)thread;
+    blockDim.x = (unsigned int)block_dim;
+}
 inline float3 make_float3(float x, float y, float z) { return {x, y, z}; }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __int_as_float(int i) { float f; std::memcpy(&f, &i, 4); return f; }
 inline float atomicAdd(float* a, float v) { float old = *a; *a = old + v; return old; }
+inline int atomicAdd(int* a, int v) { int old = *a; *a = old + v; return old; }
+inline void __syncthreads() {}
+inline int __syncthreads_count(int predicate) { return predicate != 0; }
+inline unsigned int __ballot_sync(unsigned int, int predicate) { return predicate != 0; }
+inline int __popc(unsigned int x) { return __builtin_popcount(x); }
+#define __shared__ static
 inline void sincospif(float x, float* s, float* c) {
     double a = 3.14159265358979323846 * (double)x;
     *s = (float)std::sin(a);
@@ -514,7 +527,8 @@ def compile_render_cu_for_host(folder):
 def host_launcher(lib):
     import ctypes
 
-    def launch(ctx, description, name, n, args):
+    def launch(ctx, description, name, n, args, block=None):
+        block = block or 256
         function = getattr(lib, name)
         types, values = [], []
         for a in args:
@@ -534,8 +548,9 @@ def host_launcher(lib):
             else:
                 raise TypeError(f"{name}: argument of type {type(a).__name__}")
         function.argtypes = types
+        # thread i of the grid, in order; a block-wide kernel needs block == 1
         for i in range(n):
-            lib.kd_host_set_thread(i)
+            lib.kd_host_set_thread(i // block, i % block, block)
             function(*values)
 
     return launch
@@ -543,6 +558,7 @@ def host_launcher(lib):
 
 def test_cuda_kernels_compiled_for_the_host_match_the_numpy_stages(tmp_path, monkeypatch):
     lib = compile_render_cu_for_host(tmp_path)
+    monkeypatch.setattr(R, "COMPACT_BLOCK", 1)
     reference = R.Renderer(box_room(), 12, 12, device="cpu")
     emulated = R.Renderer(box_room(), 12, 12, device="cpu", tree=reference.tree)
     emulated.use_kernels = True
@@ -558,3 +574,143 @@ def test_cuda_kernels_compiled_for_the_host_match_the_numpy_stages(tmp_path, mon
     furnace.use_kernels = True
     image = furnace.render(spp=64, max_depth=None).image
     assert abs(image.mean() / 2.0 - 1) < 0.02
+
+
+# --- stream compaction ------------------------------------------------------------------------
+def random_queue(cls, n, rng, live_fraction=0.4):
+    """A queue of ``n`` rows of random values; about ``live_fraction`` of them live."""
+    arrays = {}
+    for f in __import__("dataclasses").fields(cls):
+        dtype, width = f.metadata["dtype"], f.metadata["width"]
+        shape = (n,) if width is None else (n, width)
+        if dtype.kind == "f":
+            arrays[f.name] = rng.normal(size=shape).astype(dtype)
+        else:
+            arrays[f.name] = rng.integers(0, 1 << 20, size=shape).astype(dtype)
+    queue = cls(**arrays)
+    live = rng.random(n) < live_fraction
+    if cls.live_field == "path_alive":
+        # any nonzero flag is live
+        queue.path_alive[:] = np.where(live, rng.integers(1, 4, n), 0)
+    else:
+        tmax = np.where(live, rng.uniform(0.1, 5.0, n), rng.choice([-1.0, 0.0, -0.0, np.nan], n))
+        queue.shadow_tmax[:] = tmax.astype(np.float32)
+    return queue, live
+
+
+def poisoned(cls, xp, capacity):
+    """A queue whose every byte is 0xA5, so that rows left unwritten show."""
+    queue = cls.allocate(xp, capacity, zero=False)
+    for array in queue.arrays().values():
+        array.view(np.uint8)[...] = 0xA5
+    return queue
+
+
+def assert_compacted(source, live, destination, num_live, dead_to_back, capacity):
+    n = source.size
+    assert num_live == int(live.sum())
+    for name, array in source.arrays().items():
+        out = np.asarray(getattr(destination, name))
+        np.testing.assert_array_equal(out[:num_live].view(np.uint8), array[live].view(np.uint8), name)
+        untouched = slice(num_live if not (dead_to_back and name == source.live_field) else n,
+                          capacity)
+        assert np.all(out[untouched].view(np.uint8) == 0xA5), name
+    if dead_to_back:
+        flag = np.asarray(getattr(destination, source.live_field))[num_live:n]
+        assert np.all(flag == 0) if flag.dtype == np.uint8 else np.all(flag == -1)
+
+
+@pytest.mark.parametrize("cls", [R.PathQueue, R.ShadowQueue])
+@pytest.mark.parametrize("dead_to_back", [False, True])
+def test_compaction_twin_equals_boolean_mask_compaction(cls, dead_to_back):
+    rng = np.random.default_rng(5)
+    for n in (0, 1, 37, 1000):
+        source, live = random_queue(cls, n, rng)
+        destination = poisoned(cls, np, n + 5)
+        num_live = R.compact_rows_xp(np, source, destination, dead_to_back=dead_to_back)
+        assert_compacted(source, live, destination, num_live, dead_to_back, n + 5)
+
+
+def test_field_table_lists_every_field_with_its_row_bytes():
+    a, b = R.PathQueue.allocate(np, 4), R.PathQueue.allocate(np, 4)
+    table = R.field_table(np, a, b).reshape(-1, 3)
+    assert table.shape[0] == len(a.arrays())
+    assert table[0].tolist() == [a.ray_origin.ctypes.data, b.ray_origin.ctypes.data, 12]
+    assert table[-1].tolist() == [a.path_alive.ctypes.data, b.path_alive.ctypes.data, 1]
+    with pytest.raises(TypeError, match="one queue type"):
+        R.field_table(np, a, R.ShadowQueue.allocate(np, 4))
+
+
+def test_compaction_tiles_cover_every_row_with_few_tiles():
+    for n in (1, 255, 256, 257, 100_000, 1 << 20, (1 << 21) + 3):
+        tile_size, num_tiles = R.compaction_tiles(n)
+        assert tile_size % R.COMPACT_BLOCK == 0
+        assert num_tiles <= R.COMPACT_MAX_TILES
+        assert (num_tiles - 1) * tile_size < n <= num_tiles * tile_size
+
+
+@pytest.mark.parametrize("max_tiles", [R.COMPACT_MAX_TILES, 7])
+def test_compaction_kernel_compiled_for_the_host_matches_its_twin(tmp_path, monkeypatch, max_tiles):
+    lib = compile_render_cu_for_host(tmp_path)
+    monkeypatch.setattr(R, "_launch", host_launcher(lib))
+    monkeypatch.setattr(R, "COMPACT_BLOCK", 1)
+    # few tiles: several rows per tile, ranks carried across rows of one block
+    monkeypatch.setattr(R, "COMPACT_MAX_TILES", max_tiles)
+    rng = np.random.default_rng(11)
+    compactor = R.Compactor(np)
+    expected_sum = 0
+    for cls, dead_to_back in ((R.PathQueue, False), (R.ShadowQueue, True)):
+        for n, fraction in ((1, 1.0), (50, 0.0), (50, 1.0), (333, 0.4)):
+            capacity = n + 3
+            buffer = cls.allocate(np, capacity)
+            source, live = random_queue(cls, n, rng, fraction)
+            for name, array in source.arrays().items():
+                getattr(buffer, name)[:n] = array
+            destination = poisoned(cls, np, capacity)
+            table = R.field_table(np, buffer, destination)
+            compactor.compact("test", buffer.prefix(n), table, destination,
+                              dead_to_back=dead_to_back, total_slot=R.COUNTER_SHADOW_RAYS,
+                              sum_slot=R.COUNTER_SHADOW_RAYS_TOTAL)
+            counters = compactor.read_counters()
+            expected_sum += int(live.sum())
+            assert counters[R.COUNTER_SHADOW_RAYS_TOTAL] == expected_sum
+            assert_compacted(source, live, destination, int(counters[R.COUNTER_SHADOW_RAYS]),
+                             dead_to_back, capacity)
+            twin = poisoned(cls, np, capacity)
+            R.compact_rows_xp(np, source, twin, dead_to_back=dead_to_back)
+            for name in source.arrays():
+                np.testing.assert_array_equal(getattr(twin, name).view(np.uint8),
+                                              getattr(destination, name).view(np.uint8))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("cls", [R.PathQueue, R.ShadowQueue])
+def test_gpu_compaction_kernel_matches_its_twin(cls):
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(3)
+    compactor = R.Compactor(cp)
+    dead_to_back = cls is R.ShadowQueue
+    expected_sum = 0
+    # one row; all dead; all live; one row per thread; several rows per thread
+    for n, fraction in ((1, 1.0), (1000, 0.0), (1000, 1.0), (70_001, 0.3), (600_000, 0.55)):
+        capacity = n + 100
+        host, live = random_queue(cls, n, rng, fraction)
+        buffer = cls.allocate(cp, capacity)
+        for name, array in host.arrays().items():
+            getattr(buffer, name)[:n] = cp.asarray(array)
+        destination = poisoned(cls, cp, capacity)
+        compactor.compact("test", buffer.prefix(n), R.field_table(cp, buffer, destination),
+                          destination, dead_to_back=dead_to_back, total_slot=R.COUNTER_LIVE_PATHS,
+                          sum_slot=R.COUNTER_SHADOW_RAYS_TOTAL)
+        counters = compactor.read_counters()
+        expected_sum += int(live.sum())
+        assert counters[R.COUNTER_SHADOW_RAYS_TOTAL] == expected_sum
+        num_live = int(counters[R.COUNTER_LIVE_PATHS])
+        gpu = cls(**{name: cp.asnumpy(a) for name, a in destination.arrays().items()})
+        assert_compacted(host, live, gpu, num_live, dead_to_back, capacity)
+        twin = poisoned(cls, cp, capacity)
+        assert R.compact_rows_xp(cp, buffer.prefix(n), twin, dead_to_back=dead_to_back) == num_live
+        for name in host.arrays():
+            np.testing.assert_array_equal(cp.asnumpy(getattr(twin, name)).view(np.uint8),
+                                          gpu.arrays()[name].view(np.uint8), name)
+
