@@ -9,6 +9,8 @@ import zlib
 
 import numpy as np
 
+from .tree_io import default_file_mode
+
 TONEMAP_CHOICES = ("clamp", "reinhard")
 
 
@@ -97,6 +99,8 @@ def save_png(image, path, exposure: float = 1.0, method: str = "clamp") -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        # mkstemp creates the file with mode 0600
+        os.chmod(tmp, default_file_mode())
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

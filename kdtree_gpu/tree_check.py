@@ -7,6 +7,8 @@ second per million nodes.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from . import encoding as enc
@@ -98,8 +100,9 @@ def tree_stats(tree) -> dict:
         ``max_leaf_size``; ``mean_leaf_size``: over non-empty leaves.
         ``sah_cost``: ``sum_interior K_T SA(n)/SA(root) + sum_leaves K_I N SA(n)/SA(root)``
         (float64, half areas from :func:`kdtree_gpu.config.box_half_area`, no
-        empty bonus). ``bytes``: memory of the tree arrays (nodes,
-        ``leaf_tris``, bounds); ``mesh_bytes``: vertices and faces.
+        empty bonus; summed exactly, so the same for any node order).
+        ``bytes``: memory of the tree arrays (nodes, ``leaf_tris``, bounds);
+        ``mesh_bytes``: vertices and faces.
     """
     node_depth, node_lo, node_hi = walk_levels(tree)
     is_leaf = tree.leaf_mask()
@@ -111,9 +114,13 @@ def tree_stats(tree) -> dict:
     node_area = box_half_area(ext[:, 0], ext[:, 1], ext[:, 2])
     root_area = node_area[0]
     cfg = tree.config
-    interior_cost = cfg.k_traversal * node_area[~is_leaf].sum()
-    leaf_cost = cfg.k_intersect * (leaf_count * node_area[is_leaf]).sum()
-    sah_cost = float((interior_cost + leaf_cost) / root_area) if root_area > 0 else float("nan")
+    # math.fsum rounds the exact sum once, so the cost does not depend on the
+    # node order (a NumPy sum would differ in the last bits between two
+    # orders of the same tree)
+    node_cost = np.where(is_leaf, cfg.k_intersect * tree.node_count * node_area,
+                         cfg.k_traversal * node_area)
+    total_cost = math.fsum(node_cost.tolist())
+    sah_cost = total_cost / float(root_area) if root_area > 0 else float("nan")
 
     num_valid = tree.num_triangles - tree.num_degenerate
     tree_arrays = (tree.node_axis, tree.node_split, tree.node_child, tree.node_count,

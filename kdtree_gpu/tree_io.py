@@ -22,7 +22,8 @@ of :data:`ARRAY_NAMES` its ``name``, ``dtype`` (NumPy string such as
 
 Saving is atomic: the file is written to a temporary file in the same folder,
 flushed to disk, then renamed over the target, so an interrupted or failed
-save never leaves a partial file and never damages an existing one.
+save never leaves a partial file and never damages an existing one. The saved
+file gets the mode a plain ``open()`` would give it (``0o666`` less the umask).
 """
 
 from __future__ import annotations
@@ -125,6 +126,8 @@ def save_tree(tree: KdTree, path) -> None:
             f.write(hasher.digest())
             f.flush()
             os.fsync(f.fileno())
+        # mkstemp creates the file with mode 0600
+        os.chmod(tmp_name, default_file_mode())
         os.replace(tmp_name, path)
     except BaseException:
         try:
@@ -133,6 +136,30 @@ def save_tree(tree: KdTree, path) -> None:
             pass
         raise
     _fsync_folder(path.parent)
+
+
+def default_file_mode() -> int:
+    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask.
+
+    Atomic writes go through :func:`tempfile.mkstemp`, which creates the file
+    with mode ``0o600``; they chmod it to this mode before the rename.
+    """
+    return 0o666 & ~_current_umask()
+
+
+def _current_umask() -> int:
+    # Linux reports the umask without changing it; elsewhere it can only be
+    # read by setting it (process-wide, so for the shortest possible time)
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o077)
+    os.umask(mask)
+    return mask
 
 
 def _fsync_folder(folder: Path) -> None:

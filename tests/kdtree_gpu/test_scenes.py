@@ -60,13 +60,67 @@ def test_cornell_box_layout():
     assert scene.camera.position[2] > 1 and scene.camera.look_at == (0.0, 1.0, 0.0)
 
 
+def closed_parts(vertices, faces):
+    """Split a mesh into closed, consistently oriented parts, or fail the test.
+
+    Vertices at the same position are merged first. A part is closed with
+    consistent orientation when every directed edge ``a -> b`` of its
+    triangles appears exactly once and its reverse ``b -> a`` exactly once.
+
+    Returns
+    -------
+    part_volume : (num_parts,) float64
+        Signed volume of each edge-connected part (positive when the normals
+        point outward).
+    """
+    _, vertex_id = np.unique(vertices, axis=0, return_inverse=True)
+    F = vertex_id.reshape(-1)[faces].astype(np.int64)
+    num_vertices = int(F.max()) + 1
+    edge_from = F.reshape(-1)
+    edge_to = F[:, [1, 2, 0]].reshape(-1)
+    edge_key = edge_from * num_vertices + edge_to
+    reverse_key = edge_to * num_vertices + edge_from
+    keys, counts = np.unique(edge_key, return_counts=True)
+    assert counts.max() == 1, "a directed edge is used twice (inconsistent orientation)"
+    assert np.isin(reverse_key, keys).all(), "an edge has no opposite edge (the mesh is open)"
+
+    # parts: spread the smallest vertex label along the edges until nothing changes
+    vertex_part = np.arange(num_vertices)
+    while True:
+        low = np.minimum(vertex_part[edge_from], vertex_part[edge_to])
+        new_part = vertex_part.copy()
+        np.minimum.at(new_part, edge_from, low)
+        np.minimum.at(new_part, edge_to, low)
+        if np.array_equal(new_part, vertex_part):
+            break
+        vertex_part = new_part
+    _, face_part = np.unique(vertex_part[F[:, 0]], return_inverse=True)
+
+    # signed volume (divergence theorem): sum of p0 . (p1 x p2) / 6 per part
+    P = vertices[faces].astype(np.float64)
+    tri_volume = np.einsum("ij,ij->i", P[:, 0], np.cross(P[:, 1], P[:, 2])) / 6
+    return np.bincount(face_part.reshape(-1), weights=tri_volume)
+
+
 def test_cornell_boxes_are_closed():
     scene = scenes.cornell_box()
-    boxes = scene.faces[12:]
-    mesh = trimesh.Trimesh(scene.vertices, boxes, process=True)
-    assert mesh.is_watertight and len(mesh.split()) == 2
-    # outward normals: each closed box has positive volume
-    assert all(part.volume > 0 for part in mesh.split())
+    part_volume = closed_parts(scene.vertices, scene.faces[12:])
+    # two boxes, normals outward: each closed box has positive volume
+    assert part_volume.shape == (2,) and np.all(part_volume > 0)
+
+
+def test_closed_parts_finds_open_and_flipped_meshes():
+    sphere = scenes.icosphere(subdivisions=1)
+    np.testing.assert_allclose(closed_parts(sphere.vertices, sphere.faces), [np.pi * 4 / 3],
+                               rtol=0.3)
+    with pytest.raises(AssertionError, match="open"):
+        closed_parts(sphere.vertices, sphere.faces[1:])
+    flipped = sphere.faces.copy()
+    flipped[0] = flipped[0, ::-1]
+    with pytest.raises(AssertionError, match="inconsistent orientation"):
+        closed_parts(sphere.vertices, flipped)
+    inside_out = closed_parts(sphere.vertices, sphere.faces[:, ::-1])
+    assert inside_out.shape == (1,) and inside_out[0] < 0
 
 
 def test_cornell_box_with_mesh():
@@ -86,8 +140,8 @@ def test_icosphere():
         scene = scenes.icosphere(subdivisions=s, radius=2.0)
         assert scene.faces.shape[0] == 20 * 4 ** s
         np.testing.assert_allclose(np.linalg.norm(scene.vertices, axis=1), 2.0, rtol=1e-6)
-        mesh = trimesh.Trimesh(scene.vertices, scene.faces, process=False)
-        assert mesh.is_watertight and mesh.volume > 0
+        part_volume = closed_parts(scene.vertices, scene.faces)
+        assert part_volume.shape == (1,) and part_volume[0] > 0
     with pytest.raises(ValueError, match="subdivisions"):
         scenes.icosphere(subdivisions=-1)
 

@@ -1,6 +1,7 @@
 """Tests of kdtree_gpu.tree_io: tree files."""
 
 import os
+import stat
 
 import numpy as np
 import pytest
@@ -152,3 +153,19 @@ def test_failed_rename_leaves_no_temp_file(tree, tmp_path, monkeypatch):
 def test_save_into_missing_folder(tree, tmp_path):
     with pytest.raises(OSError):
         save_tree(tree, tmp_path / "no" / "such" / "tree.kdt")
+
+
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_saved_file_has_the_umask_mode(tree, tmp_path, umask):
+    # mkstemp alone would leave the file at 0600 whatever the umask
+    path = tmp_path / "tree.kdt"
+    old_umask = os.umask(umask)
+    try:
+        assert tree_io.default_file_mode() == 0o666 & ~umask
+        save_tree(tree, path)
+        path.chmod(0o600)  # an existing file's mode is replaced, not kept
+        save_tree(tree, path)
+    finally:
+        os.umask(old_umask)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
+    assert_trees_equal(tree, load_tree(path))
