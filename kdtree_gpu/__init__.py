@@ -29,6 +29,9 @@ _LAZY = {
     "TreeFileError": ("kdtree_gpu.tree_io", "TreeFileError"),
     "scenes": ("kdtree_gpu.scenes", None),
     "gpu_available": ("kdtree_gpu.backend", "gpu_available"),
+    # not "render": that name is the kdtree_gpu.render module, which
+    # ``from kdtree_gpu import render`` must keep returning
+    "Renderer": ("kdtree_gpu.render", "Renderer"),
 }
 
 
