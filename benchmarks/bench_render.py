@@ -44,7 +44,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from kdtree_gpu import render as R  # noqa: E402
+import kdtree_gpu.render as R  # noqa: E402  (the package attribute "render" is the function)
 from kdtree_gpu.render_scene import RenderScene, furnace_scene, mesh_scene  # noqa: E402
 
 DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100)
@@ -188,6 +188,10 @@ def depth_sweep(renderer, depths=DEFAULT_DEPTHS, frames=5, seed=0, profile_depth
                 profiled = renderer.render(spp=1, max_depth=depth, compaction=compaction,
                                            seed=seed, profile=True)
                 record["stages"] = profiled.stats["stages"]
+                # wall time of the profiled frame: against the sum of the stage
+                # times it shows how long the GPU waited for the host
+                record["profiled_frame_ms"] = 1000.0 * profiled.stats["seconds"]
+                record["bounces"] = len(profiled.stats["paths_per_depth"])
             records.append(record)
     return records
 
@@ -219,6 +223,44 @@ def stage_table(stages: dict, title: str) -> str:
     lines = [f"**{title}**", "", "| stage | launches | total ms | share |", "|---|---:|---:|---:|"]
     for name, s in stages.items():
         lines.append(f"| {name} | {s['launches']} | {s['total_ms']:.2f} | {100 * s['share']:.1f}% |")
+    return "\n".join(lines)
+
+
+# GPU traversal launches, and the CPU stages that wrap the traversal
+TRAVERSAL_STAGES = ("trace closest hit", "trace any hit", "render: intersect closest",
+                    "render: trace shadow rays")
+
+
+def stage_group(name: str) -> str:
+    """The group of a stage in the comparison: traversal, compaction or counting, other."""
+    if name in TRAVERSAL_STAGES:
+        return "traversal"
+    if "compact" in name or "count live" in name:
+        return "compaction / live count"
+    return "other stages"
+
+
+def compare_stages(with_compaction: dict, without: dict, bounces=None) -> str:
+    """Side-by-side stage table of one frame with and without compaction, and group totals."""
+    names = sorted(set(with_compaction) | set(without),
+                   key=lambda n: -max(with_compaction.get(n, {}).get("total_ms", 0.0),
+                                      without.get(n, {}).get("total_ms", 0.0)))
+    lines = ["| stage | launches with | ms with | launches without | ms without |",
+             "|---|---:|---:|---:|---:|"]
+    groups = {}
+    for name in names:
+        a, b = with_compaction.get(name, {}), without.get(name, {})
+        ms_a, ms_b = a.get("total_ms", 0.0), b.get("total_ms", 0.0)
+        lines.append(f"| {name} | {a.get('launches', 0)} | {ms_a:.3f} | {b.get('launches', 0)} | "
+                     f"{ms_b:.3f} |")
+        group = groups.setdefault(stage_group(name), [0.0, 0.0])
+        group[0] += ms_a
+        group[1] += ms_b
+    total_a = sum(g[0] for g in groups.values())
+    total_b = sum(g[1] for g in groups.values())
+    for group, (ms_a, ms_b) in sorted(groups.items()):
+        lines.append(f"| **{group}** | | **{ms_a:.3f}** | | **{ms_b:.3f}** |")
+    lines.append(f"| **all stages (GPU time)** | | **{total_a:.3f}** | | **{total_b:.3f}** |")
     return "\n".join(lines)
 
 
@@ -256,11 +298,16 @@ def markdown_report(env: dict, throughput: list, sweep: list, extra: str = "") -
                 out.append(f"| {depth} | {on['frame_ms']:.2f} | {off['frame_ms']:.2f} | "
                            f"{off['frame_ms'] / on['frame_ms']:.2f}x | {on['paths_per_depth'][-1]:,} |")
             out.append("")
-            for r in rows:
-                if "stages" in r:
-                    mode = "with" if r["compaction"] else "without"
-                    out += [stage_table(r["stages"], f"{scene}, max depth {r['max_depth']}, "
-                                                     f"{mode} compaction: stages of one frame"), ""]
+            for depth in sorted(by_depth):
+                on, off = by_depth[depth].get(True), by_depth[depth].get(False)
+                if on is None or off is None or "stages" not in on or "stages" not in off:
+                    continue
+                out += [f"**{scene}, max depth {depth}: stages of one profiled frame, with and "
+                        f"without compaction** (frame wall time {on.get('profiled_frame_ms', 0):.2f} "
+                        f"ms with, {off.get('profiled_frame_ms', 0):.2f} ms without; "
+                        f"{on.get('bounces', '?')} bounces; the wall time beyond the stage times "
+                        f"is time the GPU sat idle between launches, waiting for the host)", "",
+                        compare_stages(on["stages"], off["stages"]), ""]
     return "\n".join(out) + "\n"
 
 

@@ -12,7 +12,7 @@ import math
 import numpy as np
 import pytest
 
-from kdtree_gpu import render as R
+import kdtree_gpu.render as R  # the package attribute "render" is the function
 from kdtree_gpu.render_image import encode_png, save_png, tonemap
 from kdtree_gpu.render_scene import (Camera, RenderScene, SceneError, as_render_scene,
                                      build_alias_table, furnace_scene, icosphere, light_tables,
