@@ -1340,7 +1340,8 @@ class RenderResult:
         (live paths at the start of each depth, summed over passes),
         ``queue_per_depth`` (queue entries processed, including masked dead
         paths without compaction), ``rays`` (closest-hit rays, live only),
-        ``shadow_rays``, ``max_depth_reached``, ``passes``, ``stages``
+        ``shadow_rays`` (with compaction the rays that carry light; without,
+        every queue entry, masked ones included), ``max_depth_reached``, ``passes``, ``stages``
         (per-stage profile: ``{description: {"launches", "total_ms", ...}}``),
         ``build_seconds``.
     """

@@ -7,6 +7,7 @@ GPU tests (marked ``gpu``) compare the CUDA kernels with the NumPy stages.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -396,8 +397,6 @@ def test_icosphere_is_closed_and_wound_inward():
 
 
 def test_emission_leaves_the_front_face_unless_two_sided():
-    import dataclasses
-
     down = lit_floor_scene()
     up = dataclasses.replace(down, faces=down.faces[:, ::-1].copy())  # light now faces up
     expected = 0.5 * 4 * rect_corner_form_factor(0.5, 0.5)
@@ -580,7 +579,7 @@ def test_cuda_kernels_compiled_for_the_host_match_the_numpy_stages(tmp_path, mon
 def random_queue(cls, n, rng, live_fraction=0.4):
     """A queue of ``n`` rows of random values; about ``live_fraction`` of them live."""
     arrays = {}
-    for f in __import__("dataclasses").fields(cls):
+    for f in dataclasses.fields(cls):
         dtype, width = f.metadata["dtype"], f.metadata["width"]
         shape = (n,) if width is None else (n, width)
         if dtype.kind == "f":
