@@ -36,6 +36,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .config import AXES_CHOICES, SAHConfig
+from .tree_io import json_default
 
 PROG = "kdtree-gpu"
 TREE_SUFFIX = ".kdt"
@@ -320,22 +321,9 @@ def print_warning(message: str) -> None:
     print(f"{PROG}: warning: {one_line}", file=sys.stderr, flush=True)
 
 
-def _json_default(value):
-    # NumPy scalars and arrays, paths and configs inside build_info
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, Path):
-        return str(value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return dataclasses.asdict(value)
-    return str(value)
-
-
 def print_json(record: dict) -> None:
     """One JSON object on one line of stdout (non-finite floats become ``null``)."""
-    print(json.dumps(_finite_or_none(record), default=_json_default), flush=True)
+    print(json.dumps(_finite_or_none(record), default=json_default), flush=True)
 
 
 def _finite_or_none(value):

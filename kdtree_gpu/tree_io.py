@@ -28,6 +28,7 @@ file gets the mode a plain ``open()`` would give it (``0o666`` less the umask).
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -58,14 +59,21 @@ class TreeFileError(ValueError):
     """A file that is not a readable tree file; the message names the problem."""
 
 
-def _json_default(value):
-    # build_info is free-form: turn NumPy values into plain JSON, anything else into text
+def json_default(value):
+    """Turn a value ``json.dumps`` cannot write into plain JSON (its ``default=``).
+
+    ``build_info`` and command-line records are free-form: NumPy scalars and
+    arrays become numbers and lists, sets lists, dataclass instances dicts,
+    anything else (paths included) its text.
+    """
     if isinstance(value, np.generic):
         return value.item()
     if isinstance(value, np.ndarray):
         return value.tolist()
-    if isinstance(value, (set, tuple)):
+    if isinstance(value, (set, frozenset, tuple)):
         return list(value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
     return str(value)
 
 
@@ -110,7 +118,7 @@ def save_tree(tree: KdTree, path) -> None:
         "payload_size": offset,
         "arrays": entries,
     }
-    header_bytes = json.dumps(header, default=_json_default, sort_keys=True).encode("utf-8")
+    header_bytes = json.dumps(header, default=json_default, sort_keys=True).encode("utf-8")
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes))
 
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")

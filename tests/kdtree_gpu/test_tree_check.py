@@ -58,13 +58,18 @@ def test_stats_of_hand_made_tree():
     assert stats["mesh_bytes"] == 8 * 12 + 3 * 12
 
 
-def test_stats_of_single_leaf_tree():
-    tree = make_small_tree()
+def make_root_leaf(tree, leaf_tris):
+    """Turn ``tree`` into a single leaf (the root) listing ``leaf_tris``."""
     tree.node_axis = np.array([L], np.int8)
     tree.node_split = np.zeros(1, np.float32)
     tree.node_child = np.zeros(1, np.int32)
-    tree.node_count = np.array([2], np.int32)
-    tree.leaf_tris = np.array([0, 1], np.int32)
+    tree.node_count = np.array([len(leaf_tris)], np.int32)
+    tree.leaf_tris = np.array(leaf_tris, np.int32)
+
+
+def test_stats_of_single_leaf_tree():
+    tree = make_small_tree()
+    make_root_leaf(tree, [0, 1])
     check_tree(tree)
     stats = tree_stats(tree)
     assert stats["nodes"] == 1 and stats["leaves"] == 1 and stats["max_depth"] == 0
@@ -128,11 +133,7 @@ def reference_far_triangle(tree):
 
 
 def unsorted_root_leaf(tree):
-    tree.node_axis = np.array([L], np.int8)
-    tree.node_split = np.zeros(1, np.float32)
-    tree.node_child = np.zeros(1, np.int32)
-    tree.node_count = np.array([2], np.int32)
-    tree.leaf_tris = np.array([1, 0], np.int32)
+    make_root_leaf(tree, [1, 0])
 
 
 @pytest.mark.parametrize("change, message", [

@@ -169,3 +169,14 @@ def test_saved_file_has_the_umask_mode(tree, tmp_path, umask):
         os.umask(old_umask)
     assert stat.S_IMODE(path.stat().st_mode) == 0o666 & ~umask
     assert_trees_equal(tree, load_tree(path))
+
+
+def test_free_form_build_info_becomes_plain_json(tree, tmp_path):
+    path = tmp_path / "tree.kdt"
+    tree.build_info = {"config": SAHConfig(max_depth=7), "axes": {2}, "mesh": tmp_path / "m.ply",
+                       "count": np.int64(3), "ratio": np.float32(0.5)}
+    save_tree(tree, path)
+    info = load_tree(path).build_info
+    assert SAHConfig.from_dict(info["config"]) == SAHConfig(max_depth=7)
+    assert info["axes"] == [2] and info["mesh"] == str(tmp_path / "m.ply")
+    assert info["count"] == 3 and info["ratio"] == 0.5
