@@ -120,32 +120,32 @@ def cold_build_ms(spec, mesh_dir):
     return float(out.stdout.strip().splitlines()[-1])
 
 
-# Bytes each kernel reads and writes per element (events or references), from
-# its argument list in cuda/build.cu; with the element counts of every level
-# this gives the achieved bandwidth of the largest stages.
+# Bytes each kernel streams per reference and per event (its main loads and
+# stores in cuda/build.cu; gathers that mostly hit the cache are left out).
+# With the element counts of every level this gives the achieved bandwidth of
+# the largest stages, next to the device-to-device copy.
 STAGE_BYTES = {
-    "compute_split_costs: event flags": ("events", 4 + 1 + 4 + 4 + 4 + 8 + 4),
-    "compute_split_costs: costs": ("events", 4 + 4 + 4 + 4 + 4 + 3 * 8 + 8 + 1),
-    "route_events: flags": ("events", 4 + 1 + 8),
-    "split_events": ("events", 4 + 1 + 4 + 4 + 1 + 2 * 8 + 4 + 2 * (4 + 1 + 4 + 4)),
-    "classify_triangles": ("refs", 4 + 4 + 8 + 1 + 8),
-    "split_refs": ("refs", 4 + 4 + 1 + 2 * 8 + 2 * (4 + 4) + 8),
+    "compute_split_costs: event flags": (0, 1 + 8),
+    "compute_split_costs: scan": (0, 8 + 8 + 8),
+    "compute_split_costs: costs": (0, 4 + 4 + 8 + 8 + 1),
+    "select_best_splits: segmented argmin": (0, 8 + 4),
+    "classify_triangles": (4 + 4 + 8 + 1 + 8, 4 + 4 + 4 + 8 + 8),
+    "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 8 + 2 * 13),
 }
 
 
 def stage_bandwidth(profile, level_sizes):
-    """Achieved GB/s of the element-proportional kernels (bytes estimated per element)."""
-    totals = {"refs": sum(r for _, r, _ in level_sizes), "events": sum(e for _, _, e in level_sizes)}
-    stages = profile.get("stages", profile) if isinstance(profile, dict) else {}
+    """Achieved GB/s of the element-proportional stages (bytes estimated per element)."""
+    refs = sum(r for _, r, _ in level_sizes)
+    events = sum(e for _, _, e in level_sizes)
     out = {}
-    for name, (unit, nbytes) in STAGE_BYTES.items():
-        rec = stages.get(name) if isinstance(stages, dict) else None
-        if not rec:
+    for name, (per_ref, per_event) in STAGE_BYTES.items():
+        rec = profile.get(name) if isinstance(profile, dict) else None
+        if not rec or not rec.get("total_ms"):
             continue
-        ms = rec.get("total_ms") if isinstance(rec, dict) else None
-        if ms:
-            out[name] = {"ms": ms, "gbytes": totals[unit] * nbytes / 1e9,
-                         "gbs": totals[unit] * nbytes / (ms * 1e-3) / 1e9}
+        gbytes = (refs * per_ref + events * per_event) / 1e9
+        out[name] = {"ms": rec["total_ms"], "gbytes": gbytes,
+                     "gbs": gbytes / (rec["total_ms"] * 1e-3)}
     return out
 
 

@@ -750,6 +750,9 @@ _SCAN_TILE = 256 * 8  # KD_SCAN_TILE in cuda/build.cu
 
 
 _SCAN_SMALL = 8 * _SCAN_TILE  # up to this size, one block scans in one launch
+# Levels whose arrays are all below this size use the block-wide kernels
+# (kd_small_*): one block does several stages, one launch instead of several.
+_SMALL_LEVEL = 1 << 16
 _kernel_cache = {}
 
 
@@ -966,15 +969,24 @@ def _build_levels_cuda(cp, cfg, V, F):
         n = nodes.size
         level_sizes.append((n, num_refs, num_events))
         level_active = np.int32(level < max_depth)
+        # Small levels run the block-wide kernels: one launch per group of
+        # stages between grid-wide dependencies (launch overhead dominates them).
+        small = max(num_events, num_refs, 8 * n + 2) < _SMALL_LEVEL
         # -- compute_split_costs (R5-R7)
-        open_close = cp.empty(num_events + 1, dtype=np.int64)
+        open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
         seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
         seg_best = cp.empty(3 * n, dtype=np.uint64)
-        launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
-               max(num_events, 3 * n),
-               (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
-                i64(3 * n), open_close, seg_min_cost, seg_best))
-        open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
+        if small:
+            launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), 256,
+                   (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
+                    seg_best))
+        else:
+            open_close = cp.empty(num_events + 1, dtype=np.int64)
+            launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
+                   max(num_events, 3 * n),
+                   (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
+                    i64(3 * n), open_close, seg_min_cost, seg_best))
+            open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
         event_cost = cp.empty(num_events, dtype=np.float64)
         event_side = cp.empty(num_events, dtype=np.int8)
         launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
@@ -993,33 +1005,52 @@ def _build_levels_cuda(cp, cfg, V, F):
                          node_side=cp.empty(n, dtype=np.int8))
         node_split = cp.empty(n, dtype=bool)
         split_leaf = cp.empty(n + 1, dtype=np.int64)
+        select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
+                       i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
+                       best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
+                       split_leaf)
         # -- decide_leaves (R4, R8)
-        launch("select_best_splits", _kernel("kd_select_splits"), n,
-               (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
-                i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
-                best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
-                split_leaf))
-        split_leaf_ex = scan_inclusive_cuda(cp, split_leaf, "decide_leaves: scan")
-        # -- classify_triangles (R9)
+        if small:
+            split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
+            launch("select_best_splits", _kernel("kd_small_select_scan"), 256,
+                   select_args + (split_leaf_ex,))
+        else:
+            launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
+            split_leaf_ex = scan_inclusive_cuda(cp, split_leaf, "decide_leaves: scan")
+        # -- classify_triangles (R9) and the routing flags of the events
         ref_class = cp.empty(num_refs, dtype=np.uint8)
         ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
-        launch("classify_triangles", _kernel("kd_classify_refs"), num_refs,
-               (refs.ref_tri, refs.ref_node, best.node_axis, best.node_pos, best.node_side,
-                node_split, tri_lo, tri_hi, i64(num_refs), ref_class, ref_lr))
         event_lr = cp.empty(num_events + 1, dtype=np.int64)
-        launch("route_events: flags", _kernel("kd_event_lr"), num_events,
-               (events.event_ref, ref_class, i64(num_events), event_lr))
-        ref_lr_ex, event_lr_ex = scan_pair_cuda(cp, ref_lr, event_lr, "route: scans")
-        child_count = cp.zeros(8 * n + 2, dtype=np.int64)
-        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-        launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
-               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
-                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
-        child_ref_offset, child_event_offset = scan_pair_cuda(
-            cp, child_ref_count, child_event_count, "route: offset scans")
+        launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
+               (refs.ref_tri, refs.ref_node, events.event_ref, best.node_axis, best.node_pos,
+                best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
+                ref_class, ref_lr, event_lr))
+        # -- route_refs and route_events: where every copy goes
         totals = cp.empty(4, dtype=np.int64)
-        launch("read_level_counts", _kernel("kd_level_totals"), 1,
-               (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
+        if small:
+            ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
+            event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
+            child_count = cp.empty(8 * n + 2, dtype=np.int64)
+            child_offset = cp.empty(8 * n + 2, dtype=np.int64)
+            child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+            child_ref_offset = child_offset[:2 * n + 1]
+            child_event_offset = child_offset[2 * n + 1:]
+            launch("route", _kernel("kd_small_route"), 256,
+                   (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                    node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
+                    ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
+                    child_ref_offset, child_event_offset, totals))
+        else:
+            ref_lr_ex, event_lr_ex = scan_pair_cuda(cp, ref_lr, event_lr, "route: scans")
+            child_count = cp.zeros(8 * n + 2, dtype=np.int64)
+            child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+            launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
+                   (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                    node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
+            child_ref_offset, child_event_offset = scan_pair_cuda(
+                cp, child_ref_count, child_event_count, "route: offset scans")
+            launch("read_level_counts", _kernel("kd_level_totals"), 1,
+                   (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
         with stage(xp=cp, description="read_level_counts"):
             # The one deliberate device-to-host read per level: sizes of the next level.
             num_split, num_child_refs, num_child_events, num_leaf_refs = (

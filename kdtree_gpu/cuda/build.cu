@@ -65,6 +65,84 @@ __device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long 
     if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
 }
 
+// --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
+// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
+// block, then each tile scans itself starting from its prefix.
+#define KD_SCAN_BLOCK 256
+#define KD_SCAN_ITEMS 8
+#define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
+
+__device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
+{
+    __shared__ long long warp_sums[KD_SCAN_BLOCK / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long x = value;
+    for (int o = 1; o < 32; o <<= 1) {
+        long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        long long w = lane < KD_SCAN_BLOCK / 32 ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            long long y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < KD_SCAN_BLOCK / 32) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
+    *total = warp_sums[KD_SCAN_BLOCK / 32 - 1];
+    __syncthreads();
+    return warp_prefix + x - value;
+}
+
+// One block scans a whole array of n values, given by load(i), in chunks of
+// KD_SCAN_TILE, writing the inclusive scan to out. Ends with a barrier, so the
+// block may read `out` right after.
+template <typename Load>
+__device__ __forceinline__ void kd_block_scan(Load load, long long n, long long* out)
+{
+    long long carry = 0;
+    for (long long tile = 0; tile < n; tile += KD_SCAN_TILE) {
+        long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
+        long long v[KD_SCAN_ITEMS];
+        long long sum = 0;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            v[j] = i < n ? load(i) : 0;
+            sum += v[j];
+        }
+        long long total;
+        long long prefix = kd_block_exclusive_scan(sum, &total) + carry;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            prefix += v[j];
+            if (i < n) out[i] = prefix;
+        }
+        carry += total;
+    }
+    __syncthreads();
+}
+
+struct KdLoadArray {
+    const long long* a;
+    __device__ long long operator()(long long i) const { return a[i]; }
+};
+
+// The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
+// inclusive scan of n = E + 1 values is the exclusive scan of the events.
+struct KdLoadOpenClose {
+    const signed char* kind;
+    __device__ long long operator()(long long i) const
+    {
+        if (i == 0) return 0;
+        int k = kind[i - 1];
+        return (long long)(k != KD_EVENT_END) | ((long long)(k != KD_EVENT_START) << 32);
+    }
+};
+
 // Stage compute_split_costs, part 1: per event, the run-head flag (first event
 // of a run of equal positions in a segment) and the packed (opens, closes)
 // counts: opens = START or PLANAR, closes = END or PLANAR.
@@ -90,6 +168,20 @@ extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
     long long closes = kind != KD_EVENT_START;
     open_close[e + 1] = opens | (closes << 32);
     if (e == 0) open_close[0] = 0;
+}
+
+// Small levels: part 1 and its scan in one block (one launch instead of two).
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_events,
+                    long long num_segments, long long* __restrict__ open_close_ex,
+                    unsigned long long* __restrict__ seg_min_cost,
+                    unsigned long long* __restrict__ seg_best)
+{
+    for (long long i = threadIdx.x; i < num_segments; i += blockDim.x) {
+        seg_min_cost[i] = KD_INF_BITS;
+        seg_best[i] = KD_NO_INDEX;
+    }
+    kd_block_scan(KdLoadOpenClose{event_kind}, num_events + 1, open_close_ex);
 }
 
 // Part 2: the SAH cost of the plane at every run head (rules R5-R7), where a
@@ -208,101 +300,144 @@ extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_co
 
 // Stage select_best_splits + decide_leaves, per node: the best of the three
 // axes' best planes (ties keep the lower axis), and whether to split (R4, R8).
-// Writes the packed (split, leaf triangle count) scan input with a leading 0.
-extern "C" __global__ void kd_select_splits(const unsigned long long* __restrict__ seg_best,
-                                            const double* __restrict__ event_cost,
-                                            const float* __restrict__ event_pos,
-                                            const signed char* __restrict__ event_side,
-                                            const long long* __restrict__ node_ref_offset,
-                                            long long num_nodes,
-                                            long long leaf_size,
-                                            int level_active,
-                                            double k_intersect,
-                                            double* __restrict__ best_cost,
-                                            signed char* __restrict__ best_axis,
-                                            float* __restrict__ best_pos,
-                                            signed char* __restrict__ best_side,
-                                            bool* __restrict__ node_split,
-                                            long long* __restrict__ split_leaf)  // (n + 1)
+// Writes the packed (split, leaf triangle count) scan input after a leading 0.
+struct KdSelectArgs {
+    const unsigned long long* seg_best;
+    const double* event_cost;
+    const float* event_pos;
+    const signed char* event_side;
+    const long long* node_ref_offset;
+    long long num_nodes;
+    long long leaf_size;
+    int level_active;
+    double k_intersect;
+    double* best_cost;
+    signed char* best_axis;
+    float* best_pos;
+    signed char* best_side;
+    bool* node_split;
+    long long* split_leaf;  // (n + 1)
+};
+
+__device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long i)
 {
-    long long i = kd_tid();
-    if (i >= num_nodes) return;
     double cost = __longlong_as_double(0x7ff0000000000000ll);
     int axis = 0;
     long long ev = -1;
     for (int k = 0; k < 3; ++k) {
-        unsigned long long best = seg_best[k * num_nodes + i];
-        long long idx = (long long)best;
+        unsigned long long best = a.seg_best[k * a.num_nodes + i];
         if (best != KD_NO_INDEX) {
-            double c = event_cost[idx];
+            double c = a.event_cost[best];
             if (c < cost) {
                 cost = c;
                 axis = k;
-                ev = idx;
+                ev = (long long)best;
             }
         }
     }
-    long long n_all = node_ref_offset[i + 1] - node_ref_offset[i];
-    bool split = kd_node_active(n_all, leaf_size, level_active) && ev >= 0
-                 && cost < __dmul_rn(k_intersect, (double)n_all);
-    best_cost[i] = cost;
-    best_axis[i] = (signed char)axis;
-    best_pos[i] = ev >= 0 ? event_pos[ev] : 0.0f;
-    best_side[i] = ev >= 0 ? event_side[ev] : (signed char)KD_SIDE_LEFT;
-    node_split[i] = split;
-    split_leaf[i + 1] = (long long)split | ((split ? 0ll : n_all) << 32);
-    if (i == 0) split_leaf[0] = 0;
+    long long n_all = a.node_ref_offset[i + 1] - a.node_ref_offset[i];
+    bool split = kd_node_active(n_all, a.leaf_size, a.level_active) && ev >= 0
+                 && cost < __dmul_rn(a.k_intersect, (double)n_all);
+    a.best_cost[i] = cost;
+    a.best_axis[i] = (signed char)axis;
+    a.best_pos[i] = ev >= 0 ? a.event_pos[ev] : 0.0f;
+    a.best_side[i] = ev >= 0 ? a.event_side[ev] : (signed char)KD_SIDE_LEFT;
+    a.node_split[i] = split;
+    a.split_leaf[i + 1] = (long long)split | ((split ? 0ll : n_all) << 32);
+    if (i == 0) a.split_leaf[0] = 0;
 }
 
-// Stage classify_triangles (R9): class bits of each reference, 0 in leaves,
-// and the packed (left, right) scan input with a leading 0.
-extern "C" __global__ void kd_classify_refs(const int* __restrict__ ref_tri,
-                                            const int* __restrict__ ref_node,
-                                            const signed char* __restrict__ best_axis,
-                                            const float* __restrict__ best_pos,
-                                            const signed char* __restrict__ best_side,
-                                            const bool* __restrict__ node_split,
-                                            const float* __restrict__ tri_lo,
-                                            const float* __restrict__ tri_hi,
-                                            long long num_refs,
-                                            unsigned char* __restrict__ ref_class,
-                                            long long* __restrict__ ref_lr)  // (R + 1)
+// Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
+// gathered into the struct inside the kernel.
+#define KD_SELECT_PARAMS                                                                  \
+    const unsigned long long *seg_best, const double *event_cost, const float *event_pos, \
+        const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
+        long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
+        signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
+        long long *split_leaf
+#define KD_SELECT_ARGS                                                                    \
+    {seg_best, event_cost, event_pos, event_side, node_ref_offset, num_nodes, leaf_size,     \
+     level_active, k_intersect, best_cost, best_axis, best_pos, best_side, node_split,       \
+     split_leaf}
+
+extern "C" __global__ void kd_select_splits(KD_SELECT_PARAMS)
 {
-    long long r = kd_tid();
-    if (r >= num_refs) return;
-    int node = ref_node[r];
-    unsigned char cls = 0;
-    if (node_split[node]) {
-        int axis = best_axis[node];
-        float p = best_pos[node];
-        int tri = ref_tri[r];
-        float a = tri_lo[3 * tri + axis];
-        float b = tri_hi[3 * tri + axis];
-        if (a == b && a == p)
-            cls = best_side[node] == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
-        else if (a >= p)
-            cls = KD_CLASS_RIGHT;
-        else if (b <= p)
-            cls = KD_CLASS_LEFT;
-        else
-            cls = KD_CLASS_BOTH;
+    KdSelectArgs a = KD_SELECT_ARGS;
+    long long i = kd_tid();
+    if (i < a.num_nodes) kd_select_node(a, i);
+}
+
+// Small levels: one block selects every node's split, then scans the packed
+// (split, leaf count) values into split_leaf_ex: one launch instead of two.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_small_select_scan(KD_SELECT_PARAMS, long long* __restrict__ split_leaf_ex)
+{
+    KdSelectArgs a = KD_SELECT_ARGS;
+    for (long long i = threadIdx.x; i < a.num_nodes; i += blockDim.x) kd_select_node(a, i);
+    __syncthreads();
+    kd_block_scan(KdLoadArray{a.split_leaf}, a.num_nodes + 1, split_leaf_ex);
+}
+
+// Stage classify_triangles (R9): the class bits of a reference (0 in a leaf).
+__device__ __forceinline__ unsigned char kd_classify(int tri, int node,
+                                                     const signed char* best_axis,
+                                                     const float* best_pos,
+                                                     const signed char* best_side,
+                                                     const bool* node_split,
+                                                     const float* tri_lo, const float* tri_hi)
+{
+    if (!node_split[node]) return 0;
+    int axis = best_axis[node];
+    float p = best_pos[node];
+    float a = tri_lo[3 * tri + axis];
+    float b = tri_hi[3 * tri + axis];
+    if (a == b && a == p)
+        return best_side[node] == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
+    if (a >= p) return KD_CLASS_RIGHT;
+    if (b <= p) return KD_CLASS_LEFT;
+    return KD_CLASS_BOTH;
+}
+
+__device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
+{
+    return (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
+}
+
+// Stages classify_triangles and route_events' flags in one launch over
+// max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
+// event i, which classifies its own reference again rather than wait for it.
+// Both scan inputs get a leading 0.
+extern "C" __global__ void kd_classify(const int* __restrict__ ref_tri,
+                                       const int* __restrict__ ref_node,
+                                       const int* __restrict__ event_ref,
+                                       const signed char* __restrict__ best_axis,
+                                       const float* __restrict__ best_pos,
+                                       const signed char* __restrict__ best_side,
+                                       const bool* __restrict__ node_split,
+                                       const float* __restrict__ tri_lo,
+                                       const float* __restrict__ tri_hi,
+                                       long long num_refs, long long num_events,
+                                       unsigned char* __restrict__ ref_class,
+                                       long long* __restrict__ ref_lr,     // (R + 1)
+                                       long long* __restrict__ event_lr)   // (E + 1)
+{
+    long long i = kd_tid();
+    if (i == 0) {
+        ref_lr[0] = 0;
+        event_lr[0] = 0;
     }
-    ref_class[r] = cls;
-    ref_lr[r + 1] = (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
-    if (r == 0) ref_lr[0] = 0;
-}
-
-// Stage route_events: every event follows its reference's class.
-extern "C" __global__ void kd_event_lr(const int* __restrict__ event_ref,
-                                       const unsigned char* __restrict__ ref_class,
-                                       long long num_events,
-                                       long long* __restrict__ event_lr)  // (E + 1)
-{
-    long long e = kd_tid();
-    if (e >= num_events) return;
-    unsigned char cls = ref_class[event_ref[e]];
-    event_lr[e + 1] = (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
-    if (e == 0) event_lr[0] = 0;
+    if (i < num_refs) {
+        unsigned char cls = kd_classify(ref_tri[i], ref_node[i], best_axis, best_pos, best_side,
+                                        node_split, tri_lo, tri_hi);
+        ref_class[i] = cls;
+        ref_lr[i + 1] = kd_pack_lr(cls);
+    }
+    if (i < num_events) {
+        int ref = event_ref[i];
+        unsigned char cls = kd_classify(ref_tri[ref], ref_node[ref], best_axis, best_pos,
+                                        best_side, node_split, tri_lo, tri_hi);
+        event_lr[i + 1] = kd_pack_lr(cls);
+    }
 }
 
 // Left child group of group g (a node, or a segment axis * n + node):
@@ -318,52 +453,102 @@ __device__ __forceinline__ long long kd_child_group(long long g, long long num_n
 }
 
 // Stage route_refs / route_events: sizes of the child groups, written after
-// a leading 0 so that a scan gives the child offsets. Groups are the n nodes
-// (num_axes = 1) or the 3n segments (num_axes = 3).
-// One launch over 4n threads: the first n handle the nodes' references (into
-// child_ref_count), the next 3n the segments' events (into child_event_count).
-extern "C" __global__ void kd_child_counts(const long long* __restrict__ node_ref_offset,
-                                           const long long* __restrict__ ref_lr_ex,
-                                           const long long* __restrict__ seg_event_offset,
-                                           const long long* __restrict__ event_lr_ex,
-                                           const bool* __restrict__ node_split,
-                                           const long long* __restrict__ split_leaf_ex,
-                                           long long num_nodes,
-                                           long long* __restrict__ child_ref_count,
-                                           long long* __restrict__ child_event_count)
+// a leading 0 so that a scan gives the child offsets. Item t < n is node t's
+// references (into child_ref_count); item t >= n is segment t - n's events.
+struct KdRouteArgs {
+    const long long* node_ref_offset;
+    const long long* ref_lr_ex;
+    const long long* seg_event_offset;
+    const long long* event_lr_ex;
+    const bool* node_split;
+    const long long* split_leaf_ex;
+    long long num_nodes;
+    long long* child_ref_count;    // (2n + 1), zeroed
+    long long* child_event_count;  // (6n + 1), zeroed
+};
+
+__device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t)
 {
-    long long tid = kd_tid();
-    if (tid >= 4 * num_nodes) return;
-    bool refs = tid < num_nodes;
-    long long g = refs ? tid : tid - num_nodes;
-    const long long* group_offset = refs ? node_ref_offset : seg_event_offset;
-    const long long* lr_ex = refs ? ref_lr_ex : event_lr_ex;
-    long long* child_count = refs ? child_ref_count : child_event_count;
-    long long node = g % num_nodes;
-    if (g == 0) child_count[0] = 0;
-    if (!node_split[node]) return;
-    long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
-    long long c = kd_child_group(g, num_nodes, split_leaf_ex, num_split);
+    bool refs = t < a.num_nodes;
+    long long g = refs ? t : t - a.num_nodes;
+    const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
+    const long long* lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
+    long long* child_count = refs ? a.child_ref_count : a.child_event_count;
+    long long node = g % a.num_nodes;
+    if (!a.node_split[node]) return;
+    long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+    long long c = kd_child_group(g, a.num_nodes, a.split_leaf_ex, num_split);
     long long start = lr_ex[group_offset[g]], end = lr_ex[group_offset[g + 1]];
     child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
     child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
 }
 
+#define KD_ROUTE_PARAMS                                                                    \
+    const long long *node_ref_offset, const long long *ref_lr_ex,                          \
+        const long long *seg_event_offset, const long long *event_lr_ex,                   \
+        const bool *node_split, const long long *split_leaf_ex, long long num_nodes,       \
+        long long *child_ref_count, long long *child_event_count
+#define KD_ROUTE_ARGS                                                                      \
+    {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex, node_split, split_leaf_ex,  \
+     num_nodes, child_ref_count, child_event_count}
+
+extern "C" __global__ void kd_child_counts(KD_ROUTE_PARAMS)
+{
+    KdRouteArgs a = KD_ROUTE_ARGS;
+    long long t = kd_tid();
+    if (t < 4 * a.num_nodes) kd_child_count(a, t);
+}
+
 // The sizes the host needs for the next level, gathered for one read:
 // [splitting nodes, child refs, child events, leaf refs].
-extern "C" __global__ void kd_level_totals(const long long* __restrict__ split_leaf_ex,
-                                           const long long* __restrict__ child_ref_offset,
-                                           const long long* __restrict__ child_event_offset,
-                                           long long num_nodes,
-                                           long long* __restrict__ totals)
+__device__ __forceinline__ void kd_write_totals(const long long* split_leaf_ex,
+                                                const long long* child_ref_offset,
+                                                const long long* child_event_offset,
+                                                long long num_nodes, long long* totals)
 {
-    if (kd_tid() != 0) return;
     long long s = split_leaf_ex[num_nodes];
     long long num_split = KD_LOW(s);
     totals[0] = num_split;
     totals[1] = child_ref_offset[2 * num_split];
     totals[2] = child_event_offset[6 * num_split];
     totals[3] = KD_HIGH(s);
+}
+
+// Small levels: one block does all of route_refs and route_events (the two
+// flag scans, the child counts, the two offset scans) and gathers the totals:
+// one launch instead of five and a memset.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_small_route(KD_ROUTE_PARAMS, const long long* __restrict__ ref_lr, long long num_refs,
+               long long* out_ref_lr_ex, const long long* __restrict__ event_lr,
+               long long num_events, long long* out_event_lr_ex,
+               long long* __restrict__ child_ref_offset,
+               long long* __restrict__ child_event_offset, long long* __restrict__ totals)
+{
+    // ref_lr_ex / event_lr_ex (inputs of KdRouteArgs) are the outputs of the
+    // first two scans: the caller passes the same arrays for both.
+    KdRouteArgs a = KD_ROUTE_ARGS;
+    kd_block_scan(KdLoadArray{ref_lr}, num_refs + 1, out_ref_lr_ex);
+    kd_block_scan(KdLoadArray{event_lr}, num_events + 1, out_event_lr_ex);
+    long long n = a.num_nodes;
+    for (long long i = threadIdx.x; i < 2 * n + 1; i += blockDim.x) a.child_ref_count[i] = 0;
+    for (long long i = threadIdx.x; i < 6 * n + 1; i += blockDim.x) a.child_event_count[i] = 0;
+    __syncthreads();
+    for (long long t = threadIdx.x; t < 4 * n; t += blockDim.x) kd_child_count(a, t);
+    __syncthreads();
+    kd_block_scan(KdLoadArray{a.child_ref_count}, 2 * n + 1, child_ref_offset);
+    kd_block_scan(KdLoadArray{a.child_event_count}, 6 * n + 1, child_event_offset);
+    if (threadIdx.x == 0)
+        kd_write_totals(a.split_leaf_ex, child_ref_offset, child_event_offset, n, totals);
+}
+
+extern "C" __global__ void kd_level_totals(const long long* __restrict__ split_leaf_ex,
+                                           const long long* __restrict__ child_ref_offset,
+                                           const long long* __restrict__ child_event_offset,
+                                           long long num_nodes,
+                                           long long* __restrict__ totals)
+{
+    if (kd_tid() == 0)
+        kd_write_totals(split_leaf_ex, child_ref_offset, child_event_offset, num_nodes, totals);
 }
 
 // Stage emit_level: node records (R10). Children of the r-th splitting node are
@@ -678,39 +863,6 @@ extern "C" __global__ void kd_root_events_decode(const unsigned long long* __res
     event_seg[e] = (int)(key >> 62);
 }
 
-// --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
-// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
-// block, then each tile scans itself starting from its prefix.
-#define KD_SCAN_BLOCK 256
-#define KD_SCAN_ITEMS 8
-#define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
-
-__device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
-{
-    __shared__ long long warp_sums[KD_SCAN_BLOCK / 32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    long long x = value;
-    for (int o = 1; o < 32; o <<= 1) {
-        long long y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        long long w = lane < KD_SCAN_BLOCK / 32 ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            long long y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < KD_SCAN_BLOCK / 32) warp_sums[lane] = w;
-    }
-    __syncthreads();
-    long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
-    *total = warp_sums[KD_SCAN_BLOCK / 32 - 1];
-    __syncthreads();
-    return warp_prefix + x - value;
-}
-
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_tile_sums(const long long* __restrict__ in, long long n, long long* __restrict__ tile_sum)
 {
@@ -762,34 +914,15 @@ kd_scan_tiles(const long long* __restrict__ in, long long n,
     }
 }
 
-// Small arrays: one block scans a whole array in chunks of KD_SCAN_TILE, one
-// launch instead of three (the builder's small levels are bound by launch
-// overhead, not by the scan). Two arrays may share the launch: block 0 scans
-// (in0, out0), block 1 (in1, out1).
+// Small arrays: one block scans a whole array, one launch instead of three
+// (the builder's small levels are bound by launch overhead, not by the scan).
+// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* __restrict__ out0,
                    const long long* __restrict__ in1, long long n1, long long* __restrict__ out1)
 {
-    const long long* in = blockIdx.x == 0 ? in0 : in1;
-    long long n = blockIdx.x == 0 ? n0 : n1;
-    long long* out = blockIdx.x == 0 ? out0 : out1;
-    long long carry = 0;
-    for (long long tile = 0; tile < n; tile += KD_SCAN_TILE) {
-        long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
-        long long v[KD_SCAN_ITEMS];
-        long long sum = 0;
-        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-            long long i = base + j;
-            v[j] = i < n ? in[i] : 0;
-            sum += v[j];
-        }
-        long long total;
-        long long prefix = kd_block_exclusive_scan(sum, &total) + carry;
-        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-            long long i = base + j;
-            prefix += v[j];
-            if (i < n) out[i] = prefix;
-        }
-        carry += total;
-    }
+    if (blockIdx.x == 0)
+        kd_block_scan(KdLoadArray{in0}, n0, out0);
+    else
+        kd_block_scan(KdLoadArray{in1}, n1, out1);
 }

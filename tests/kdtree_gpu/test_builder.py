@@ -237,5 +237,5 @@ def test_gpu_profile_names_every_stage():
     tree = kd.build(V, F, device="cuda", profile=True)
     table = tree.build_info["profile_table"]
     for name in ("compute_split_costs: costs", "select_best_splits", "classify_triangles",
-                 "split_refs", "split_events", "emit_level", "read_level_counts"):
+                 "split_refs_and_events", "emit_level", "read_level_counts"):
         assert name in table
