@@ -21,7 +21,6 @@ Writes ``build_<gpu>.json`` (one object per mesh plus a header) and
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import platform
@@ -36,6 +35,9 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import git_commit, utc_now  # noqa: E402
 
 import cpu_reference  # noqa: E402
 import kdtree_gpu as kd  # noqa: E402
@@ -257,10 +259,7 @@ def main(argv=None):
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                            capture_output=True, text=True).stdout.strip() or "unknown"
-    header = {"gpu": gpu, "commit": commit,
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    header = {"gpu": gpu, "commit": git_commit(), "date": utc_now(),
               "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
               "cupy": cupy.__version__, "copy_gbs": copy_bandwidth_gbs()}
     # Warm the kernels and numba once so no row pays compilation.

@@ -18,7 +18,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -105,11 +104,10 @@ def main(argv=None):
     import cupy
 
     info = device_memory_info()
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                                capture_output=True, text=True).stdout.strip()
-    except OSError:
-        commit = ""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import git_commit
+
+    commit = git_commit()
     results = []
     print(f"device: {info['name']}  commit: {commit}")
     print(f"{'case':<42} {'n':>11} {'median ms':>10} {'min ms':>9} {'Gelem/s':>8}")

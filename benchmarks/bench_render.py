@@ -36,7 +36,6 @@ import datetime
 import json
 import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -199,11 +198,10 @@ def depth_sweep(renderer, depths=DEFAULT_DEPTHS, frames=5, seed=0, profile_depth
 # --- reports ----------------------------------------------------------------------------------
 def environment() -> dict:
     info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
-    try:
-        info["commit"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                                        text=True, cwd=Path(__file__).parent).stdout.strip()
-    except OSError:
-        info["commit"] = ""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _common import git_commit
+
+    info["commit"] = git_commit()
     try:
         from kdtree_gpu.backend import device_memory_info, gpu_available
 

@@ -23,7 +23,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -93,11 +92,10 @@ def machine_info() -> dict:
                 break
     except OSError:
         pass
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                capture_output=True, text=True, check=True).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        commit = "unknown"
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from _common import git_commit
+
+    commit = git_commit()
     return {
         "cpu": cpu,
         "cpu_count": os.cpu_count(),

@@ -17,6 +17,8 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export KDTREE_GPU_MESH_DIR=${KDTREE_GPU_MESH_DIR:-$PWD/.meshes}
 export PYTHONUNBUFFERED=1
+# A copy of the tree without .git (a remote GPU machine) names its commit in .commit.
+export KDTREE_GPU_COMMIT=${KDTREE_GPU_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 for step in "${@:-tests}"; do

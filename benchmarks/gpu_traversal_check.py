@@ -32,7 +32,6 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -310,13 +309,8 @@ def device_name():
     return name.decode() if isinstance(name, bytes) else str(name)
 
 
-def git_commit():
-    """Short hash of the checked-out commit, or ``None`` outside a git checkout."""
-    try:
-        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
-                              capture_output=True, text=True, check=True).stdout.strip()
-    except Exception:
-        return None
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import git_commit  # noqa: E402  (re-exported for bench_traversal)
 
 
 def print_table(records):

@@ -1,0 +1,33 @@
+"""Helpers shared by the benchmark scripts."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import subprocess
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def git_commit() -> str:
+    """Short hash of the code being measured.
+
+    ``$KDTREE_GPU_COMMIT`` wins (a copy of the tree without its ``.git``, as on
+    a remote GPU machine, cannot ask git), then ``git rev-parse``, else
+    ``"unknown"``.
+    """
+    value = os.environ.get("KDTREE_GPU_COMMIT", "").strip()
+    if value:
+        return value
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
