@@ -31,3 +31,30 @@ def git_commit() -> str:
 def utc_now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def gpu_time_ms(fn, repeats, warmup):
+    """Milliseconds of ``fn()`` between two CUDA events, after ``warmup`` calls.
+
+    Returns
+    -------
+    median : float
+    times : list of float
+        Every repeat, in order.
+    """
+    import statistics
+
+    import cupy
+
+    for _ in range(warmup):
+        fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end))
+    return statistics.median(times), times

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import git_commit, utc_now  # noqa: E402
+from _common import git_commit, gpu_time_ms, utc_now  # noqa: E402
 
 import cpu_reference  # noqa: E402
 import kdtree_gpu as kd  # noqa: E402
@@ -77,22 +77,6 @@ def load(spec, mesh_dir):
     for _ in range(int(sub or 0)):
         V, F = subdivide(V, F)
     return V, F
-
-
-def gpu_time_ms(fn, repeats, warmup):
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times), times
 
 
 def copy_bandwidth_gbs():

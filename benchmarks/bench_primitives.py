@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import statistics
 import sys
 from pathlib import Path
 
@@ -38,19 +37,11 @@ def parse_size(text):
 
 def time_case(fn, repeats):
     """Median and min time (ms) of ``fn()`` between CUDA events, after one warm-up."""
-    import cupy
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from _common import gpu_time_ms
 
-    fn()
-    cupy.cuda.get_current_stream().synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times), min(times)
+    median, times = gpu_time_ms(fn, repeats, warmup=1)
+    return median, min(times)
 
 
 def make_cases(n, rng):

@@ -39,7 +39,6 @@ import statistics
 import sys
 from pathlib import Path
 
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -51,7 +50,8 @@ DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100)
 
 # --- inputs ------------------------------------------------------------------------
 def mesh_folder(path=None) -> Path:
-    folder = path or os.environ.get("KDTREE_GPU_MESH_DIR") or "/work/shared/meshes"
+    folder = (path or os.environ.get("KDTREE_GPU_MESH_DIR")
+              or Path(__file__).resolve().parents[2] / "shared" / "meshes")
     folder = Path(folder)
     if not folder.is_dir():
         raise SystemExit(f"mesh folder {folder} not found: pass --mesh-dir or set KDTREE_GPU_MESH_DIR")
@@ -59,15 +59,10 @@ def mesh_folder(path=None) -> Path:
 
 
 def read_ply(path):
-    """The meshes' binary PLY layout (see the mesh folder's MANIFEST.md)."""
-    data = Path(path).read_bytes()
-    end = data.index(b"end_header\n") + len(b"end_header\n")
-    header = data[:end].decode("ascii").split("\n")
-    nv = int(next(h for h in header if h.startswith("element vertex")).split()[2])
-    nf = int(next(h for h in header if h.startswith("element face")).split()[2])
-    V = np.frombuffer(data, "<f4", nv * 3, end).reshape(nv, 3)
-    F = np.frombuffer(data, [("n", "u1"), ("i", "<i4", 3)], nf, end + nv * 12)["i"]
-    return np.ascontiguousarray(V, np.float32), np.ascontiguousarray(F, np.int32)
+    """Vertices and faces of a mesh file (float32, int32)."""
+    from kdtree_gpu.mesh import load_mesh
+
+    return load_mesh(path)
 
 
 def load_mesh(name: str, folder: Path):
@@ -263,7 +258,7 @@ def compare_stages(with_compaction: dict, without: dict, bounces=None) -> str:
 
 
 def markdown_report(env: dict, throughput: list, sweep: list, extra: str = "") -> str:
-    out = [f"# Path tracer benchmark", "",
+    out = ["# Path tracer benchmark", "",
            f"Device: {env.get('device')}, commit {env.get('commit')}, {env.get('date')}.", ""]
     if extra:
         out += [extra, ""]

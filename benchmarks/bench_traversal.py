@@ -43,7 +43,6 @@ import importlib
 import json
 import os
 import re
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -52,6 +51,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import gpu_time_ms  # noqa: E402
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -106,21 +107,7 @@ def make_shadow_rays(vertices, origins, directions, t, tri):
 
 
 # --- timing ----------------------------------------------------------------------
-def time_gpu(fn, repeats, warmup):
-    """Median milliseconds of ``fn()`` between two CUDA events, after warm-up runs."""
-    import cupy
-
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return statistics.median(times), times
+time_gpu = gpu_time_ms  # median ms between CUDA events, after warm-up
 
 
 def time_wall(pb, fn, repeats, warmup):

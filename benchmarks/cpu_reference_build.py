@@ -52,7 +52,7 @@ GAPT_CPU = {
 
 
 def mesh_dir() -> Path:
-    value = os.environ.get("KDTREE_GPU_MESH_DIR", "/work/shared/meshes")
+    value = os.environ.get("KDTREE_GPU_MESH_DIR", str(REPO.parent / "shared" / "meshes"))
     path = Path(value)
     if not path.is_dir():
         raise SystemExit(f"mesh folder {path} not found (set KDTREE_GPU_MESH_DIR)")
@@ -60,18 +60,9 @@ def mesh_dir() -> Path:
 
 
 def read_mesh(path: Path):
-    """Vertices and faces of a PLY file (``kdtree_gpu.load_mesh`` when available)."""
-    try:
-        from kdtree_gpu.mesh import load_mesh
-    except ImportError:
-        data = path.read_bytes()
-        end = data.index(b"end_header\n") + len(b"end_header\n")
-        header = data[:end].decode("ascii").split("\n")
-        nv = int(next(h for h in header if h.startswith("element vertex")).split()[2])
-        nf = int(next(h for h in header if h.startswith("element face")).split()[2])
-        V = np.frombuffer(data, "<f4", nv * 3, end).reshape(nv, 3)
-        F = np.frombuffer(data, [("n", "u1"), ("i", "<i4", 3)], nf, end + nv * 12)["i"]
-        return np.ascontiguousarray(V), np.ascontiguousarray(F)
+    """Vertices and faces of a mesh file."""
+    from kdtree_gpu.mesh import load_mesh
+
     return load_mesh(path)
 
 

@@ -13,7 +13,8 @@ from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.geometry import prepare_mesh
 from kdtree_gpu.tree import KdTree
 
-SHARED_MESH_DIR = Path("/work/shared/meshes")
+# the mesh folder that sits beside the checkout, where there is one
+SHARED_MESH_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "meshes"
 
 # Point KDTREE_GPU_MESH_DIR at the shared folder when nobody chose one, so that
 # tests using real meshes run wherever that folder exists and skip elsewhere.

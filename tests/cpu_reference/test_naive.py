@@ -123,18 +123,9 @@ def test_fast_equals_naive(generator, clip, axes):
 
 
 def read_ply(path):
-    """Vertices and faces of a mesh in the layout of the shared mesh folder."""
-    try:
-        from kdtree_gpu.mesh import load_mesh
-    except ImportError:
-        data = path.read_bytes()
-        end = data.index(b"end_header\n") + len(b"end_header\n")
-        header = data[:end].decode("ascii").split("\n")
-        nv = int(next(h for h in header if h.startswith("element vertex")).split()[2])
-        nf = int(next(h for h in header if h.startswith("element face")).split()[2])
-        V = np.frombuffer(data, "<f4", nv * 3, end).reshape(nv, 3)
-        F = np.frombuffer(data, [("n", "u1"), ("i", "<i4", 3)], nf, end + nv * 12)["i"]
-        return V, F
+    """Vertices and faces of a mesh file."""
+    from kdtree_gpu.mesh import load_mesh
+
     return load_mesh(path)
 
 
