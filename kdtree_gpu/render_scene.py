@@ -296,30 +296,11 @@ def icosphere(subdivisions: int = 1, radius: float = 1.0):
     faces : (num_triangles, 3) int32
         Normals ``(v1 - v0) x (v2 - v0)`` point to the center.
     """
-    t = (1.0 + 5 ** 0.5) / 2.0
-    points = [(-1, t, 0), (1, t, 0), (-1, -t, 0), (1, -t, 0), (0, -1, t), (0, 1, t), (0, -1, -t),
-              (0, 1, -t), (t, 0, -1), (t, 0, 1), (-t, 0, -1), (-t, 0, 1)]
-    tris = [(0, 11, 5), (0, 5, 1), (0, 1, 7), (0, 7, 10), (0, 10, 11), (1, 5, 9), (5, 11, 4),
-            (11, 10, 2), (10, 7, 6), (7, 1, 8), (3, 9, 4), (3, 4, 2), (3, 2, 6), (3, 6, 8),
-            (3, 8, 9), (4, 9, 5), (2, 4, 11), (6, 2, 10), (8, 6, 7), (9, 8, 1)]
-    V = [np.array(p, float) / np.linalg.norm(p) for p in points]
-    for _ in range(int(subdivisions)):
-        midpoints = {}
+    from .scenes import icosphere as outward_icosphere
 
-        def midpoint(a, b):
-            key = (min(a, b), max(a, b))
-            if key not in midpoints:
-                m = V[a] + V[b]
-                V.append(m / np.linalg.norm(m))
-                midpoints[key] = len(V) - 1
-            return midpoints[key]
-
-        tris = [f for a, b, c in tris
-                for f in ((a, midpoint(a, b), midpoint(c, a)), (b, midpoint(b, c), midpoint(a, b)),
-                          (c, midpoint(c, a), midpoint(b, c)),
-                          (midpoint(a, b), midpoint(b, c), midpoint(c, a)))]
-    faces = np.array(tris, dtype=np.int32)[:, ::-1].copy()  # outward -> inward winding
-    return (np.array(V) * radius).astype(np.float32), faces
+    sphere = outward_icosphere(int(subdivisions), radius)
+    faces = np.ascontiguousarray(sphere.faces[:, ::-1], dtype=np.int32)  # outward -> inward
+    return np.asarray(sphere.vertices, dtype=np.float32), faces
 
 
 def furnace_scene(albedo: float = 0.5, emission: float = 1.0, subdivisions: int = 1) -> RenderScene:
