@@ -239,3 +239,25 @@ def test_gpu_profile_names_every_stage():
     for name in ("compute_split_costs: costs", "select_best_splits", "classify_triangles",
                  "split_refs_and_events", "emit_level", "read_level_counts"):
         assert name in table
+
+
+@gpu
+@pytest.mark.parametrize("n", [1, 2, 255, 2047, 2048, 2049, 16383, 16384, 16385, 100_003,
+                               3_000_001])
+def test_gpu_scans_equal_numpy_cumsum(n):
+    import cupy
+
+    rng = np.random.default_rng(n)
+    # packed two-count values, as the builder scans them
+    values = rng.integers(0, 3, n) | (rng.integers(0, 3, n) << 32)
+    expected = np.cumsum(values)
+    # Dirty the memory pool so an element the scan skips shows up as garbage.
+    junk = cupy.full(4 * n + 64, -7, dtype=np.int64)
+    del junk
+    got = builder.scan_inclusive_cuda(cupy, cupy.asarray(values), "test scan").get()
+    assert np.array_equal(got, expected)
+    other = rng.integers(0, 1000, max(1, n // 3)).astype(np.int64)
+    first, second = builder.scan_pair_cuda(cupy, cupy.asarray(values), cupy.asarray(other),
+                                           "test scan pair")
+    assert np.array_equal(first.get(), expected)
+    assert np.array_equal(second.get(), np.cumsum(other))
