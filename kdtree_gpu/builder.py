@@ -649,8 +649,10 @@ def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     with stage(xp=xp, description="create_root_events"):
         events = create_root_events(xp, tri_lo, tri_hi, ref_tri)
     refs = RefSoA(ref_tri=ref_tri, ref_node=xp.zeros(num_root, dtype=np.int32))
-    # Per axis, every triangle has one planar event or two others.
-    seg_count = [int(x) for x in _axis_event_counts(xp, events)]
+    # Per axis, every triangle has one planar event or two others (read from
+    # the host boxes, as the CUDA loop does, rather than counted on the events).
+    planar_h = (tri_lo_h[ref_tri_h] == tri_hi_h[ref_tri_h]).sum(axis=0)
+    seg_count = [2 * num_root - int(p) for p in planar_h]
     nodes = NodeSoA(
         node_lo=xp.asarray(bounds_h[0:1]).astype(np.float32),
         node_hi=xp.asarray(bounds_h[1:2]).astype(np.float32),
@@ -737,12 +739,6 @@ def _build_levels(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
         result = [xp.concatenate(parts) for parts in
                   (out_axis, out_split, out_child, out_count, out_leaf)]
     return (*result, level, level_sizes)
-
-
-def _axis_event_counts(xp, events):
-    seg = events.event_seg
-    counts = [(seg == axis).sum() for axis in range(3)]
-    return [int(c) for c in counts]
 
 
 # --- the fused CUDA level loop ---------------------------------------------------------
