@@ -749,6 +749,11 @@ _SCAN_SMALL = 8 * _SCAN_TILE  # up to this size, one block scans in one launch
 # Levels whose arrays are all below this size use the block-wide kernels
 # (kd_small_*): one block does several stages, one launch instead of several.
 _SMALL_LEVEL = 1 << 16
+# Builds whose root has at most this many events run their levels in one
+# block (kd_build_levels_block: one launch and one read for all the levels
+# that fit), with level buffers of BLOCK_LOOP_EVENTS events.
+BLOCK_LOOP_ROOT_EVENTS = 1 << 15
+BLOCK_LOOP_EVENTS = 1 << 17
 _kernel_cache = {}
 
 
@@ -921,19 +926,147 @@ class _OutputBuffers:
         self.leaf = self._grow(self.cp, self.leaf, num_leaf_refs)
 
 
+@dataclasses.dataclass
+class _LoopState:
+    """Where the level loop stands: the current level and what is written."""
+
+    events: EventSoA
+    refs: RefSoA
+    nodes: NodeSoA
+    level: int = 0
+    level_base: int = 0  # tree nodes written
+    leaf_ref_base: int = 0  # leaf_tris entries written
+    level_sizes: list = dataclasses.field(default_factory=list)
+    done: bool = False
+    peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
+
+
+def build_levels_block(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
+                       cap_events=None):
+    """Run the level loop from ``state`` in one block of one launch.
+
+    The kernel ``kd_build_levels_block`` calls the same stage functions as
+    the launch-per-stage loop, with a block barrier between stages, so a
+    small build costs one launch and one read instead of about ten launches,
+    twenty allocations and one read per level. Levels live in two buffers of
+    fixed capacity; the loop stops before a level whose children (or whose
+    tree output) would not fit, and the caller goes on from there.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    state : _LoopState
+        The level to start from (the root).
+    out : _OutputBuffers
+        Its capacity bounds the tree output of the loop.
+    max_depth : int
+    cap_events : int, optional
+        Events per level buffer (``BLOCK_LOOP_EVENTS``); references and nodes
+        per level are bounded by it too (a reference has at least one event
+        per axis).
+
+    Returns
+    -------
+    _LoopState
+        ``done``, or the level the loop stopped at, held in the loop's buffers.
+    """
+    from .launch import launch
+
+    i64, f64 = np.int64, np.float64
+    cap_e = int(BLOCK_LOOP_EVENTS if cap_events is None else cap_events)
+    cap_r = cap_e // 3 + 1
+    cap_n = cap_r
+    ev, refs, nodes = state.events, state.refs, state.nodes
+    if ev.size > cap_e or refs.size > cap_r:
+        return state
+    empty = cp.empty
+    # Two level buffers each (slot s at [s]).
+    lvl_pos = empty((2, cap_e), dtype=enc.EVENT_POS_DTYPE)
+    lvl_kind = empty((2, cap_e), dtype=enc.EVENT_KIND_DTYPE)
+    lvl_ref = empty((2, cap_e), dtype=np.int32)
+    lvl_seg = empty((2, cap_e), dtype=np.int32)
+    lvl_tri = empty((2, cap_r), dtype=np.int32)
+    lvl_node = empty((2, cap_r), dtype=np.int32)
+    lvl_lo = empty((2, cap_n, 3), dtype=np.float32)
+    lvl_hi = empty((2, cap_n, 3), dtype=np.float32)
+    lvl_ref_offset = empty((2, 2 * cap_n + 1), dtype=np.int64)
+    lvl_seg_offset = empty((2, 6 * cap_n + 1), dtype=np.int64)
+    scratch = (
+        empty(cap_e + 1, dtype=np.int64),  # open_close_ex
+        empty(3 * cap_n, dtype=np.uint64),  # seg_min_cost
+        empty(3 * cap_n, dtype=np.uint64),  # seg_best
+        empty(cap_e, dtype=np.float64),  # event_cost
+        empty(cap_e, dtype=np.int8),  # event_side
+        empty(cap_n, dtype=np.float64),  # best_cost
+        empty(cap_n, dtype=np.int8),  # best_axis
+        empty(cap_n, dtype=np.float32),  # best_pos
+        empty(cap_n, dtype=np.int8),  # best_side
+        empty(cap_n, dtype=bool),  # node_split
+        empty(cap_n + 1, dtype=np.int64),  # split_leaf
+        empty(cap_n + 1, dtype=np.int64),  # split_leaf_ex
+        empty(cap_r, dtype=np.uint8),  # ref_class
+        empty(cap_r + 1, dtype=np.int64),  # ref_lr
+        empty(cap_r + 1, dtype=np.int64),  # ref_lr_ex
+        empty(cap_e + 1, dtype=np.int64),  # event_lr
+        empty(cap_e + 1, dtype=np.int64),  # event_lr_ex
+        empty(8 * cap_n + 2, dtype=np.int64),  # child_count
+    )
+    status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+    launch("build_levels_block", _kernel("kd_build_levels_block"), 1024,
+           (tri_lo, tri_hi,
+            ev.event_pos, ev.event_kind, ev.event_ref, ev.event_seg, refs.ref_tri, refs.ref_node,
+            nodes.node_lo, nodes.node_hi, nodes.node_ref_offset, nodes.seg_event_offset,
+            i64(refs.size), i64(ev.size),
+            lvl_pos, lvl_kind, lvl_ref, lvl_seg, lvl_tri, lvl_node, lvl_lo, lvl_hi,
+            lvl_ref_offset, lvl_seg_offset, i64(cap_e), i64(cap_r), i64(cap_n),
+            *scratch,
+            *out.node, i64(out.node[0].shape[0]), out.leaf, i64(out.leaf.shape[0]),
+            i64(max_depth), i64(cfg.leaf_size), np.int32(cfg.axes == "longest"),
+            f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), status),
+           block=1024)
+    peak_bytes = cp.get_default_memory_pool().used_bytes()
+    with stage(xp=cp, description="read_level_counts"):
+        # One read for all the levels of the loop.
+        record = status.get()
+    level = int(record[enc.LOOP_LEVEL])
+    sizes = record[enc.LOOP_SLOTS:enc.LOOP_SLOTS + 3 * level].reshape(-1, 3)
+    result = _LoopState(events=ev, refs=refs, nodes=nodes, level=level,
+                        level_base=int(record[enc.LOOP_LEVEL_BASE]),
+                        leaf_ref_base=int(record[enc.LOOP_LEAF_BASE]),
+                        level_sizes=state.level_sizes + [tuple(int(x) for x in row)
+                                                         for row in sizes],
+                        done=int(record[enc.LOOP_STATE]) == enc.LOOP_DONE,
+                        peak_bytes=peak_bytes)
+    slot = int(record[enc.LOOP_BUFFER])
+    if result.done or slot < 0:
+        return result
+    # Stopped at a level held in buffer `slot`: hand it to the caller as views.
+    n, num_refs, num_events = (int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS,
+                                                         enc.LOOP_EVENTS))
+    result.events = EventSoA(lvl_pos[slot, :num_events], lvl_kind[slot, :num_events],
+                             lvl_ref[slot, :num_events], lvl_seg[slot, :num_events])
+    result.refs = RefSoA(lvl_tri[slot, :num_refs], lvl_node[slot, :num_refs])
+    result.nodes = NodeSoA(lvl_lo[slot, :n], lvl_hi[slot, :n], lvl_ref_offset[slot, :n + 1],
+                           lvl_seg_offset[slot, :3 * n + 1])
+    return result
+
+
 def _build_levels_cuda(cp, cfg, V, F):
     """The level loop with the element-wise work of each stage fused into the
     kernels of ``cuda/build.cu``.
 
     Same stages, same rules and same outputs as :func:`_build_levels`, which
-    is these kernels' NumPy twin (the GPU tests compare the two). Per level:
-    one device-to-host read of four counts; every other size is a host value.
+    is these kernels' NumPy twin (the GPU tests compare the two). Small
+    builds run their levels in one launch (:func:`build_levels_block`); the
+    others launch each stage, with one device-to-host read of four counts
+    per level (every other size is a host value).
 
     Returns
     -------
     node_axis, node_split, node_child, node_count, leaf_tris : host arrays
     info : dict
-        levels, level_sizes, num_degenerate, bounds, peak_device_bytes.
+        levels, level_sizes, block_levels (levels run by the one-block loop),
+        num_degenerate, bounds, peak_device_bytes.
     """
     from .launch import launch
 
@@ -953,15 +1086,25 @@ def _build_levels_cuda(cp, cfg, V, F):
         node_ref_offset=cp.asarray(np.array([0, num_root], dtype=np.int64)),
         seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(axis_counts)]).astype(np.int64)),
     )
-    out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
-    level_base = 0
-    leaf_ref_base = 0
-    level = 0
+    state = _LoopState(events, refs, nodes)
+    if events.size <= BLOCK_LOOP_ROOT_EVENTS:
+        # Small build: all its levels (or the first ones, until a level
+        # outgrows the loop's buffers) in one launch.
+        out = _OutputBuffers(cp, 8 * num_root + 256, 8 * num_root + 256)
+        state = build_levels_block(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
+        peak = max(peak, state.peak_bytes)
+    else:
+        out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
+    block_levels = state.level
+    events, refs, nodes = state.events, state.refs, state.nodes
+    level_base = state.level_base
+    leaf_ref_base = state.leaf_ref_base
+    level = state.level
     num_events = events.size
     num_refs = refs.size
-    level_sizes = []
+    level_sizes = state.level_sizes
     longest_only = np.int32(cfg.axes == "longest")
-    while True:
+    while not state.done:
         n = nodes.size
         level_sizes.append((n, num_refs, num_events))
         level_active = np.int32(level < max_depth)
@@ -1088,6 +1231,6 @@ def _build_levels_cuda(cp, cfg, V, F):
         num_refs = num_child_refs
     with stage(xp=cp, description="download"):
         host = [a[:level_base].get() for a in out.node] + [out.leaf[:leaf_ref_base].get()]
-    info = {"levels": level, "level_sizes": level_sizes, "bounds": bounds,
-            "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
+    info = {"levels": level, "level_sizes": level_sizes, "block_levels": block_levels,
+            "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return host, info

@@ -72,9 +72,12 @@ __device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long 
 #define KD_SCAN_ITEMS 8
 #define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
 
+// Exclusive scan of one value per thread across a block of BLOCK threads
+// (all of them must call it); *total gets the block's sum.
+template <int BLOCK = KD_SCAN_BLOCK>
 __device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
 {
-    __shared__ long long warp_sums[KD_SCAN_BLOCK / 32];
+    __shared__ long long warp_sums[BLOCK / 32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     long long x = value;
     for (int o = 1; o < 32; o <<= 1) {
@@ -84,28 +87,28 @@ __device__ __forceinline__ long long kd_block_exclusive_scan(long long value, lo
     if (lane == 31) warp_sums[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        long long w = lane < KD_SCAN_BLOCK / 32 ? warp_sums[lane] : 0;
+        long long w = lane < BLOCK / 32 ? warp_sums[lane] : 0;
         for (int o = 1; o < 32; o <<= 1) {
             long long y = __shfl_up_sync(0xffffffffu, w, o);
             if (lane >= o) w += y;
         }
-        if (lane < KD_SCAN_BLOCK / 32) warp_sums[lane] = w;
+        if (lane < BLOCK / 32) warp_sums[lane] = w;
     }
     __syncthreads();
     long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
-    *total = warp_sums[KD_SCAN_BLOCK / 32 - 1];
+    *total = warp_sums[BLOCK / 32 - 1];
     __syncthreads();
     return warp_prefix + x - value;
 }
 
-// One block scans a whole array of n values, given by load(i), in chunks of
-// KD_SCAN_TILE, writing the inclusive scan to out. Ends with a barrier, so the
-// block may read `out` right after.
-template <typename Load>
+// One block of BLOCK threads scans a whole array of n values, given by
+// load(i), in chunks of BLOCK * KD_SCAN_ITEMS, writing the inclusive scan to
+// out. Ends with a barrier, so the block may read `out` right after.
+template <typename Load, int BLOCK = KD_SCAN_BLOCK>
 __device__ __forceinline__ void kd_block_scan(Load load, long long n, long long* out)
 {
     long long carry = 0;
-    for (long long tile = 0; tile < n; tile += KD_SCAN_TILE) {
+    for (long long tile = 0; tile < n; tile += (long long)BLOCK * KD_SCAN_ITEMS) {
         long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
         long long v[KD_SCAN_ITEMS];
         long long sum = 0;
@@ -115,7 +118,7 @@ __device__ __forceinline__ void kd_block_scan(Load load, long long n, long long*
             sum += v[j];
         }
         long long total;
-        long long prefix = kd_block_exclusive_scan(sum, &total) + carry;
+        long long prefix = kd_block_exclusive_scan<BLOCK>(sum, &total) + carry;
         for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
             long long i = base + j;
             prefix += v[j];
@@ -192,6 +195,96 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // (one comparison for the usual run of one or two events).
 // planars(0..i) = opens(0..i) + closes(0..i) - i, since each event is exactly
 // one of END (closes), START (opens) or PLANAR (both).
+struct KdCostArgs {
+    const float* event_pos;
+    const int* event_seg;
+    const long long* open_close_ex;
+    const long long* seg_event_offset;
+    const long long* node_ref_offset;
+    const float* node_lo;
+    const float* node_hi;
+    long long num_nodes;
+    long long num_events;
+    long long leaf_size;
+    int level_active;
+    int longest_only;
+    double k_traversal, k_intersect, empty_bonus;
+    double* event_cost;
+    signed char* event_side;
+    unsigned long long* seg_min_cost;
+};
+
+// Event e's cost. Every lane of a warp must call it (e >= num_events for
+// lanes past the end): they take part in the segmented minimum at the end.
+__device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long long e)
+{
+    bool live = e < a.num_events;
+    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    signed char side = KD_SIDE_LEFT;
+    int seg = live ? a.event_seg[e] : -1;
+    if (live) {
+        int node = (int)(seg % a.num_nodes);
+        int axis = (int)(seg / a.num_nodes);
+        float p = a.event_pos[e];
+        float lo_k = a.node_lo[3 * node + axis];
+        float hi_k = a.node_hi[3 * node + axis];
+        long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
+        bool head = e == 0 || a.event_seg[e - 1] != seg || a.event_pos[e - 1] != p;
+        if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
+            && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
+            long long seg_start = a.seg_event_offset[seg];
+            long long seg_end = a.seg_event_offset[seg + 1];
+            long long run_end = e + 1;
+            if (run_end < seg_end && a.event_pos[run_end] == p) {
+                // positions in [e, seg_end) are >= p and sorted: the run is
+                // [e, b) with b the first index whose position exceeds p
+                long long lo = run_end, hi = seg_end;
+                while (hi - lo > 1) {
+                    long long m = lo + (hi - lo) / 2;
+                    if (a.event_pos[m] == p) lo = m; else hi = m;
+                }
+                run_end = hi;
+            }
+            long long oc_e = a.open_close_ex[e];
+            long long oc_s = a.open_close_ex[seg_start];
+            long long oc_r = a.open_close_ex[run_end];
+            long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+            long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+            long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+            long long n_planar = planar_r - planar_e;
+            long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+
+            double lo[3], ext[3];
+            for (int k = 0; k < 3; ++k) {
+                lo[k] = (double)a.node_lo[3 * node + k];
+                ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
+            }
+            double area = kd_half_area(ext[0], ext[1], ext[2]);
+            double ext_l[3] = {ext[0], ext[1], ext[2]};
+            double ext_r[3] = {ext[0], ext[1], ext[2]};
+            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+            double cost_l = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
+                                          area_r, area, n_left + n_planar, n_right);
+            double cost_r = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
+                                          area_r, area, n_left, n_right + n_planar);
+            if (cost_l <= cost_r) {
+                cost = cost_l;
+            } else {
+                cost = cost_r;
+                side = KD_SIDE_RIGHT;
+            }
+        }
+        a.event_cost[e] = cost;
+        a.event_side[e] = side;
+    }
+    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
+                                 a.seg_min_cost);
+}
+
 extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
                                           const long long* __restrict__ open_close_ex,
@@ -210,84 +303,21 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           signed char* __restrict__ event_side,
                                           unsigned long long* __restrict__ seg_min_cost)
 {
-    long long e = kd_tid();
-    // Every lane of a warp takes part in the segmented minimum at the end.
-    bool live = e < num_events;
-    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
-    signed char side = KD_SIDE_LEFT;
-    int seg = live ? event_seg[e] : -1;
-    if (live) {
-        int node = (int)(seg % num_nodes);
-        int axis = (int)(seg / num_nodes);
-        float p = event_pos[e];
-        float lo_k = node_lo[3 * node + axis];
-        float hi_k = node_hi[3 * node + axis];
-        long long n_all = node_ref_offset[node + 1] - node_ref_offset[node];
-        bool head = e == 0 || event_seg[e - 1] != seg || event_pos[e - 1] != p;
-        if (head && kd_node_active(n_all, leaf_size, level_active) && p > lo_k && p < hi_k
-            && (!longest_only || kd_longest_axis(node_lo, node_hi, node) == axis)) {
-            long long seg_start = seg_event_offset[seg];
-            long long seg_end = seg_event_offset[seg + 1];
-            long long run_end = e + 1;
-            if (run_end < seg_end && event_pos[run_end] == p) {
-                // positions in [e, seg_end) are >= p and sorted: the run is
-                // [e, b) with b the first index whose position exceeds p
-                long long a = run_end, b = seg_end;
-                while (b - a > 1) {
-                    long long m = a + (b - a) / 2;
-                    if (event_pos[m] == p) a = m; else b = m;
-                }
-                run_end = b;
-            }
-            long long oc_e = open_close_ex[e];
-            long long oc_s = open_close_ex[seg_start];
-            long long oc_r = open_close_ex[run_end];
-            long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
-            long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
-            long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
-            long long n_planar = planar_r - planar_e;
-            long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
-
-            double lo[3], ext[3];
-            for (int k = 0; k < 3; ++k) {
-                lo[k] = (double)node_lo[3 * node + k];
-                ext[k] = __dsub_rn((double)node_hi[3 * node + k], lo[k]);
-            }
-            double area = kd_half_area(ext[0], ext[1], ext[2]);
-            double ext_l[3] = {ext[0], ext[1], ext[2]};
-            double ext_r[3] = {ext[0], ext[1], ext[2]};
-            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
-            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
-            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
-            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
-            double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
-                                          n_left + n_planar, n_right);
-            double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
-                                          n_left, n_right + n_planar);
-            if (cost_l <= cost_r) {
-                cost = cost_l;
-            } else {
-                cost = cost_r;
-                side = KD_SIDE_RIGHT;
-            }
-        }
-        event_cost[e] = cost;
-        event_side[e] = side;
-    }
-    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
-    kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
-                                 seg_min_cost);
+    KdCostArgs a = {event_pos, event_seg, open_close_ex, seg_event_offset, node_ref_offset,
+                    node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
+                    longest_only, k_traversal, k_intersect, empty_bonus, event_cost, event_side,
+                    seg_min_cost};
+    kd_split_cost_event(a, kd_tid());
 }
 
 // Stage select_best_splits, arg-min: the lowest event index whose cost equals
 // its segment's minimum (lowest index = lowest position: rule R8's tie-break).
-extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_cost,
-                                             const int* __restrict__ event_seg,
-                                             const unsigned long long* __restrict__ seg_min_cost,
-                                             long long num_events,
-                                             unsigned long long* __restrict__ seg_best)
+// Every lane of a warp must call it (as kd_split_cost_event).
+__device__ __forceinline__ void kd_argmin_event(const double* event_cost, const int* event_seg,
+                                                const unsigned long long* seg_min_cost,
+                                                long long num_events,
+                                                unsigned long long* seg_best, long long e)
 {
-    long long e = kd_tid();
     bool live = e < num_events;
     int seg = live ? event_seg[e] : -1;
     unsigned long long key = KD_NO_INDEX;
@@ -296,6 +326,15 @@ extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_co
         if (bits != KD_INF_BITS && bits == seg_min_cost[seg]) key = (unsigned long long)e;
     }
     kd_warp_segmented_atomic_min(key, seg, seg_best);
+}
+
+extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_cost,
+                                             const int* __restrict__ event_seg,
+                                             const unsigned long long* __restrict__ seg_min_cost,
+                                             long long num_events,
+                                             unsigned long long* __restrict__ seg_best)
+{
+    kd_argmin_event(event_cost, event_seg, seg_min_cost, num_events, seg_best, kd_tid());
 }
 
 // Stage select_best_splits + decide_leaves, per node: the best of the three
@@ -407,6 +446,43 @@ __device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
 // max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
 // event i, which classifies its own reference again rather than wait for it.
 // Both scan inputs get a leading 0.
+struct KdClassifyArgs {
+    const int* ref_tri;
+    const int* ref_node;
+    const int* event_ref;
+    const signed char* best_axis;
+    const float* best_pos;
+    const signed char* best_side;
+    const bool* node_split;
+    const float* tri_lo;
+    const float* tri_hi;
+    long long num_refs, num_events;
+    unsigned char* ref_class;
+    long long* ref_lr;    // (R + 1)
+    long long* event_lr;  // (E + 1)
+};
+
+__device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long long i)
+{
+    if (i == 0) {
+        a.ref_lr[0] = 0;
+        a.event_lr[0] = 0;
+    }
+    if (i < a.num_refs) {
+        unsigned char cls = kd_classify(a.ref_tri[i], a.ref_node[i], a.best_axis, a.best_pos,
+                                        a.best_side, a.node_split, a.tri_lo, a.tri_hi);
+        a.ref_class[i] = cls;
+        a.ref_lr[i + 1] = kd_pack_lr(cls);
+    }
+    if (i < a.num_events) {
+        int ref = a.event_ref[i];
+        unsigned char cls = kd_classify(a.ref_tri[ref], a.ref_node[ref], a.best_axis,
+                                        a.best_pos, a.best_side, a.node_split, a.tri_lo,
+                                        a.tri_hi);
+        a.event_lr[i + 1] = kd_pack_lr(cls);
+    }
+}
+
 extern "C" __global__ void kd_classify(const int* __restrict__ ref_tri,
                                        const int* __restrict__ ref_node,
                                        const int* __restrict__ event_ref,
@@ -418,26 +494,13 @@ extern "C" __global__ void kd_classify(const int* __restrict__ ref_tri,
                                        const float* __restrict__ tri_hi,
                                        long long num_refs, long long num_events,
                                        unsigned char* __restrict__ ref_class,
-                                       long long* __restrict__ ref_lr,     // (R + 1)
-                                       long long* __restrict__ event_lr)   // (E + 1)
+                                       long long* __restrict__ ref_lr,
+                                       long long* __restrict__ event_lr)
 {
-    long long i = kd_tid();
-    if (i == 0) {
-        ref_lr[0] = 0;
-        event_lr[0] = 0;
-    }
-    if (i < num_refs) {
-        unsigned char cls = kd_classify(ref_tri[i], ref_node[i], best_axis, best_pos, best_side,
-                                        node_split, tri_lo, tri_hi);
-        ref_class[i] = cls;
-        ref_lr[i + 1] = kd_pack_lr(cls);
-    }
-    if (i < num_events) {
-        int ref = event_ref[i];
-        unsigned char cls = kd_classify(ref_tri[ref], ref_node[ref], best_axis, best_pos,
-                                        best_side, node_split, tri_lo, tri_hi);
-        event_lr[i + 1] = kd_pack_lr(cls);
-    }
+    KdClassifyArgs a = {ref_tri, ref_node, event_ref, best_axis, best_pos, best_side,
+                        node_split, tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
+                        event_lr};
+    kd_classify_item(a, kd_tid());
 }
 
 // Left child group of group g (a node, or a segment axis * n + node):
@@ -553,6 +616,51 @@ extern "C" __global__ void kd_level_totals(const long long* __restrict__ split_l
 
 // Stage emit_level: node records (R10). Children of the r-th splitting node are
 // tree nodes child_base + 2r, + 1; a leaf points at its triangles in leaf_tris.
+struct KdEmitArgs {
+    const bool* node_split;
+    const signed char* best_axis;
+    const float* best_pos;
+    const long long* split_leaf_ex;
+    const float* node_lo;
+    const float* node_hi;
+    long long num_nodes, level_base, leaf_ref_base;
+    signed char* out_axis;
+    float* out_split;
+    int* out_child;
+    int* out_count;
+    float* child_lo;
+    float* child_hi;
+};
+
+__device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
+{
+    if (i >= a.num_nodes) return;
+    long long s0 = a.split_leaf_ex[i], s1 = a.split_leaf_ex[i + 1];
+    long long o = a.level_base + i;
+    if (a.node_split[i]) {
+        int axis = a.best_axis[i];
+        float p = a.best_pos[i];
+        a.out_axis[o] = (signed char)axis;
+        a.out_split[o] = p;
+        a.out_child[o] = (int)(a.level_base + a.num_nodes + 2 * KD_LOW(s0));
+        a.out_count[o] = 0;
+        // Stage make_child_nodes: left = hi[axis] = p, right = lo[axis] = p.
+        long long c = 2 * KD_LOW(s0);
+        for (int k = 0; k < 3; ++k) {
+            float lo = a.node_lo[3 * i + k], hi = a.node_hi[3 * i + k];
+            a.child_lo[3 * c + k] = lo;
+            a.child_hi[3 * c + k] = k == axis ? p : hi;
+            a.child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
+            a.child_hi[3 * (c + 1) + k] = hi;
+        }
+    } else {
+        a.out_axis[o] = KD_AXIS_LEAF;
+        a.out_split[o] = 0.0f;
+        a.out_child[o] = (int)(a.leaf_ref_base + KD_HIGH(s0));
+        a.out_count[o] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
+    }
+}
+
 extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
                                          const signed char* __restrict__ best_axis,
                                          const float* __restrict__ best_pos,
@@ -568,32 +676,10 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
                                          float* __restrict__ child_lo,
                                          float* __restrict__ child_hi)
 {
-    long long i = kd_tid();
-    if (i >= num_nodes) return;
-    long long s0 = split_leaf_ex[i], s1 = split_leaf_ex[i + 1];
-    long long o = level_base + i;
-    if (node_split[i]) {
-        out_axis[o] = best_axis[i];
-        out_split[o] = best_pos[i];
-        out_child[o] = (int)(level_base + num_nodes + 2 * KD_LOW(s0));
-        out_count[o] = 0;
-        // Stage make_child_nodes: left = hi[axis] = p, right = lo[axis] = p.
-        long long c = 2 * KD_LOW(s0);
-        int axis = best_axis[i];
-        float p = best_pos[i];
-        for (int k = 0; k < 3; ++k) {
-            float lo = node_lo[3 * i + k], hi = node_hi[3 * i + k];
-            child_lo[3 * c + k] = lo;
-            child_hi[3 * c + k] = k == axis ? p : hi;
-            child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
-            child_hi[3 * (c + 1) + k] = hi;
-        }
-    } else {
-        out_axis[o] = KD_AXIS_LEAF;
-        out_split[o] = 0.0f;
-        out_child[o] = (int)(leaf_ref_base + KD_HIGH(s0));
-        out_count[o] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
-    }
+    KdEmitArgs a = {node_split, best_axis, best_pos, split_leaf_ex, node_lo, node_hi, num_nodes,
+                    level_base, leaf_ref_base, out_axis, out_split, out_child, out_count,
+                    child_lo, child_hi};
+    kd_emit_node(a, kd_tid());
 }
 
 // Stages split_refs and split_events in one launch over max(R, E) threads:
@@ -613,6 +699,86 @@ __device__ __forceinline__ void kd_ref_destinations(long long r, int node,
     long long lr_r = ref_lr_ex[r], lr_s = ref_lr_ex[start];
     *dst_left = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
     *dst_right = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
+}
+
+struct KdScatterArgs {
+    const int* ref_tri;
+    const int* ref_node;
+    const unsigned char* ref_class;
+    const long long* ref_lr_ex;
+    const long long* node_ref_offset;
+    const long long* split_leaf_ex;
+    const long long* child_ref_offset;
+    const float* event_pos;
+    const signed char* event_kind;
+    const int* event_ref;
+    const int* event_seg;
+    const long long* event_lr_ex;
+    const long long* seg_event_offset;
+    const long long* child_event_offset;
+    long long num_nodes, num_refs, num_events, leaf_ref_base;
+    int* leaf_tris;
+    int* child_tri;
+    int* child_node;
+    float* out_pos;
+    signed char* out_kind;
+    int* out_ref;
+    int* out_seg;
+};
+
+__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+{
+    if (i < a.num_refs) {
+        int node = a.ref_node[i];
+        int tri = a.ref_tri[i];
+        unsigned char cls = a.ref_class[i];
+        if (cls == 0) {
+            long long sl = a.split_leaf_ex[node];
+            a.leaf_tris[a.leaf_ref_base + KD_HIGH(sl) + (i - a.node_ref_offset[node])] = tri;
+        } else {
+            long long dl, dr;
+            kd_ref_destinations(i, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                                a.child_ref_offset, &dl, &dr);
+            int child = (int)(2 * KD_LOW(a.split_leaf_ex[node]));
+            if (cls & KD_CLASS_LEFT) {
+                a.child_tri[dl] = tri;
+                a.child_node[dl] = child;
+            }
+            if (cls & KD_CLASS_RIGHT) {
+                a.child_tri[dr] = tri;
+                a.child_node[dr] = child + 1;
+            }
+        }
+    }
+    if (i < a.num_events) {
+        int ref = a.event_ref[i];
+        unsigned char cls = a.ref_class[ref];
+        if (cls == 0) return;
+        int node = a.ref_node[ref];
+        long long rl, rr;
+        kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                            a.child_ref_offset, &rl, &rr);
+        int seg = a.event_seg[i];
+        long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+        long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
+        long long lr_e = a.event_lr_ex[i], lr_s = a.event_lr_ex[a.seg_event_offset[seg]];
+        float pos = a.event_pos[i];
+        signed char kind = a.event_kind[i];
+        if (cls & KD_CLASS_LEFT) {
+            long long dst = a.child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
+            a.out_pos[dst] = pos;
+            a.out_kind[dst] = kind;
+            a.out_ref[dst] = (int)rl;
+            a.out_seg[dst] = (int)child_seg;
+        }
+        if (cls & KD_CLASS_RIGHT) {
+            long long dst = a.child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
+            a.out_pos[dst] = pos;
+            a.out_kind[dst] = kind;
+            a.out_ref[dst] = (int)rr;
+            a.out_seg[dst] = (int)(child_seg + 1);
+        }
+    }
 }
 
 extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
@@ -639,57 +805,206 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
                                       int* __restrict__ out_ref,
                                       int* __restrict__ out_seg)
 {
-    long long i = kd_tid();
-    if (i < num_refs) {
-        int node = ref_node[i];
-        int tri = ref_tri[i];
-        unsigned char cls = ref_class[i];
-        if (cls == 0) {
-            long long sl = split_leaf_ex[node];
-            leaf_tris[leaf_ref_base + KD_HIGH(sl) + (i - node_ref_offset[node])] = tri;
-        } else {
-            long long dl, dr;
-            kd_ref_destinations(i, node, ref_lr_ex, node_ref_offset, split_leaf_ex,
-                                child_ref_offset, &dl, &dr);
-            int child = (int)(2 * KD_LOW(split_leaf_ex[node]));
-            if (cls & KD_CLASS_LEFT) {
-                child_tri[dl] = tri;
-                child_node[dl] = child;
+    KdScatterArgs a = {ref_tri, ref_node, ref_class, ref_lr_ex, node_ref_offset, split_leaf_ex,
+                       child_ref_offset, event_pos, event_kind, event_ref, event_seg,
+                       event_lr_ex, seg_event_offset, child_event_offset, num_nodes, num_refs,
+                       num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,
+                       out_kind, out_ref, out_seg};
+    kd_scatter_item(a, kd_tid());
+}
+
+// --- the whole level loop in one block (small builds) ------------------------------
+// Small builds are bound by host work per level (launches, allocations and the
+// read of the next level's sizes), not by the GPU. This kernel runs the same
+// stage functions as the kernels above, level after level, in one block of
+// KD_LOOP_BLOCK threads, with a barrier where the launches would end: one
+// launch and one read for the whole build. Levels live in two buffers of
+// fixed capacity (ping-pong, slot * capacity); a level whose children or
+// output would not fit stops the loop before that level writes anything, and
+// the host goes on from that level with the launch-per-stage loop.
+#define KD_LOOP_BLOCK 1024
+
+// body(i) for i in [0, n), with the same trip count in every thread so that
+// every lane of every warp reaches the warp collectives of the cost passes.
+template <typename Body>
+__device__ __forceinline__ void kd_block_for(long long n, Body body)
+{
+    for (long long base = 0; base < n; base += KD_LOOP_BLOCK) body(base + threadIdx.x);
+}
+
+// Pointers are not __restrict__: each array is written by one pass and read
+// by later passes of the same launch (no read-only cache).
+extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK)
+kd_build_levels_block(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                      // the root level (read only)
+                      const float* root_pos, const signed char* root_kind, const int* root_ref,
+                      const int* root_seg, const int* root_tri, const int* root_node,
+                      const float* root_lo, const float* root_hi,
+                      const long long* root_ref_offset, const long long* root_seg_offset,
+                      long long root_refs, long long root_events,
+                      // two level buffers: slot s of an array starts at s * its capacity
+                      float* lvl_pos, signed char* lvl_kind, int* lvl_ref, int* lvl_seg,
+                      int* lvl_tri, int* lvl_node, float* lvl_lo, float* lvl_hi,
+                      long long* lvl_ref_offset, long long* lvl_seg_offset,
+                      long long cap_events, long long cap_refs, long long cap_nodes,
+                      // per-level scratch, sized by the capacities
+                      long long* open_close_ex, unsigned long long* seg_min_cost,
+                      unsigned long long* seg_best, double* event_cost,
+                      signed char* event_side, double* best_cost, signed char* best_axis,
+                      float* best_pos, signed char* best_side, bool* node_split,
+                      long long* split_leaf, long long* split_leaf_ex,
+                      unsigned char* ref_class, long long* ref_lr, long long* ref_lr_ex,
+                      long long* event_lr, long long* event_lr_ex, long long* child_count,
+                      // the tree
+                      signed char* out_axis, float* out_split, int* out_child, int* out_count,
+                      long long cap_out_nodes, int* leaf_tris, long long cap_leaf_refs,
+                      // settings
+                      long long max_depth, long long leaf_size, int longest_only,
+                      double k_traversal, double k_intersect, double empty_bonus,
+                      long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
+{
+    const float* pos = root_pos;
+    const signed char* kind = root_kind;
+    const int* ref = root_ref;
+    const int* seg = root_seg;
+    const int* tri = root_tri;
+    const int* node = root_node;
+    const float* lo = root_lo;
+    const float* hi = root_hi;
+    const long long* node_ref_offset = root_ref_offset;
+    const long long* seg_event_offset = root_seg_offset;
+    long long n = 1, num_refs = root_refs, num_events = root_events;
+    long long level = 0, level_base = 0, leaf_ref_base = 0;
+    int cur = -1;
+    const long long ref_offset_cap = 2 * cap_nodes + 1, seg_offset_cap = 6 * cap_nodes + 1;
+    for (;;) {
+        int nxt = cur == 0 ? 1 : 0;
+        long long* child_ref_offset = lvl_ref_offset + nxt * ref_offset_cap;
+        long long* child_event_offset = lvl_seg_offset + nxt * seg_offset_cap;
+        int level_active = level < max_depth;
+        long long num_items = num_refs > num_events ? num_refs : num_events;
+
+        // compute_split_costs (R5-R7)
+        for (long long i = threadIdx.x; i < 3 * n; i += KD_LOOP_BLOCK) {
+            seg_min_cost[i] = KD_INF_BITS;
+            seg_best[i] = KD_NO_INDEX;
+        }
+        kd_block_scan<KdLoadOpenClose, KD_LOOP_BLOCK>(KdLoadOpenClose{kind}, num_events + 1,
+                                                      open_close_ex);
+        KdCostArgs cost = {pos, seg, open_close_ex, seg_event_offset, node_ref_offset, lo, hi,
+                           n, num_events, leaf_size, level_active, longest_only, k_traversal,
+                           k_intersect, empty_bonus, event_cost, event_side, seg_min_cost};
+        kd_block_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
+        __syncthreads();
+        // select_best_splits and decide_leaves (R4, R8)
+        kd_block_for(num_events, [&](long long e) {
+            kd_argmin_event(event_cost, seg, seg_min_cost, num_events, seg_best, e);
+        });
+        __syncthreads();
+        KdSelectArgs select = {seg_best, event_cost, pos, event_side, node_ref_offset, n,
+                               leaf_size, level_active, k_intersect, best_cost, best_axis,
+                               best_pos, best_side, node_split, split_leaf};
+        kd_block_for(n, [&](long long i) { if (i < n) kd_select_node(select, i); });
+        __syncthreads();
+        kd_block_scan<KdLoadArray, KD_LOOP_BLOCK>(KdLoadArray{split_leaf}, n + 1, split_leaf_ex);
+        // classify_triangles (R9) and the routing flags
+        KdClassifyArgs classify = {tri, node, ref, best_axis, best_pos, best_side, node_split,
+                                   tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
+                                   event_lr};
+        kd_block_for(num_items, [&](long long i) { kd_classify_item(classify, i); });
+        __syncthreads();
+        // route_refs and route_events
+        kd_block_scan<KdLoadArray, KD_LOOP_BLOCK>(KdLoadArray{ref_lr}, num_refs + 1, ref_lr_ex);
+        kd_block_scan<KdLoadArray, KD_LOOP_BLOCK>(KdLoadArray{event_lr}, num_events + 1,
+                                                  event_lr_ex);
+        long long* child_ref_count = child_count;
+        long long* child_event_count = child_count + 2 * n + 1;
+        for (long long i = threadIdx.x; i < 8 * n + 2; i += KD_LOOP_BLOCK) child_count[i] = 0;
+        __syncthreads();
+        KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex,
+                             node_split, split_leaf_ex, n, child_ref_count, child_event_count};
+        kd_block_for(4 * n, [&](long long t) { if (t < 4 * n) kd_child_count(route, t); });
+        __syncthreads();
+        kd_block_scan<KdLoadArray, KD_LOOP_BLOCK>(KdLoadArray{child_ref_count}, 2 * n + 1,
+                                                  child_ref_offset);
+        kd_block_scan<KdLoadArray, KD_LOOP_BLOCK>(KdLoadArray{child_event_count}, 6 * n + 1,
+                                                  child_event_offset);
+        // The next level's sizes (every thread reads the same values).
+        long long sl = split_leaf_ex[n];
+        long long num_split = KD_LOW(sl), num_leaf_refs = KD_HIGH(sl);
+        long long num_child_refs = child_ref_offset[2 * num_split];
+        long long num_child_events = child_event_offset[6 * num_split];
+        bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
+                    && num_child_events <= cap_events && level_base + n <= cap_out_nodes
+                    && leaf_ref_base + num_leaf_refs <= cap_leaf_refs;
+        if (!fits) {
+            if (threadIdx.x == 0) {
+                status[KD_LOOP_STATE] = KD_LOOP_STOPPED;
+                status[KD_LOOP_LEVEL] = level;
+                status[KD_LOOP_NODES] = n;
+                status[KD_LOOP_REFS] = num_refs;
+                status[KD_LOOP_EVENTS] = num_events;
+                status[KD_LOOP_LEVEL_BASE] = level_base;
+                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+                status[KD_LOOP_BUFFER] = cur;
             }
-            if (cls & KD_CLASS_RIGHT) {
-                child_tri[dr] = tri;
-                child_node[dr] = child + 1;
+            return;
+        }
+        // emit_level (R10) and make_child_nodes; split_refs and split_events
+        float* child_lo = lvl_lo + nxt * 3 * cap_nodes;
+        float* child_hi = lvl_hi + nxt * 3 * cap_nodes;
+        KdEmitArgs emit = {node_split, best_axis, best_pos, split_leaf_ex, lo, hi, n, level_base,
+                           leaf_ref_base, out_axis, out_split, out_child, out_count, child_lo,
+                           child_hi};
+        kd_block_for(n, [&](long long i) { kd_emit_node(emit, i); });
+        float* child_pos = lvl_pos + nxt * cap_events;
+        signed char* child_kind = lvl_kind + nxt * cap_events;
+        int* child_ref = lvl_ref + nxt * cap_events;
+        int* child_seg = lvl_seg + nxt * cap_events;
+        int* child_tri = lvl_tri + nxt * cap_refs;
+        int* child_node = lvl_node + nxt * cap_refs;
+        KdScatterArgs scatter = {tri, node, ref_class, ref_lr_ex, node_ref_offset,
+                                 split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
+                                 event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
+                                 num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
+                                 child_pos, child_kind, child_ref, child_seg};
+        kd_block_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
+        if (threadIdx.x == 0) {
+            status[KD_LOOP_SLOTS + 3 * level] = n;
+            status[KD_LOOP_SLOTS + 3 * level + 1] = num_refs;
+            status[KD_LOOP_SLOTS + 3 * level + 2] = num_events;
+        }
+        level_base += n;
+        leaf_ref_base += num_leaf_refs;
+        ++level;
+        if (num_split == 0) {
+            if (threadIdx.x == 0) {
+                status[KD_LOOP_STATE] = KD_LOOP_DONE;
+                status[KD_LOOP_LEVEL] = level;
+                status[KD_LOOP_NODES] = 0;
+                status[KD_LOOP_REFS] = 0;
+                status[KD_LOOP_EVENTS] = 0;
+                status[KD_LOOP_LEVEL_BASE] = level_base;
+                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+                status[KD_LOOP_BUFFER] = nxt;
             }
+            return;
         }
-    }
-    if (i < num_events) {
-        int ref = event_ref[i];
-        unsigned char cls = ref_class[ref];
-        if (cls == 0) return;
-        int node = ref_node[ref];
-        long long rl, rr;
-        kd_ref_destinations(ref, node, ref_lr_ex, node_ref_offset, split_leaf_ex,
-                            child_ref_offset, &rl, &rr);
-        int seg = event_seg[i];
-        long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
-        long long child_seg = kd_child_group(seg, num_nodes, split_leaf_ex, num_split);
-        long long lr_e = event_lr_ex[i], lr_s = event_lr_ex[seg_event_offset[seg]];
-        float pos = event_pos[i];
-        signed char kind = event_kind[i];
-        if (cls & KD_CLASS_LEFT) {
-            long long dst = child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
-            out_pos[dst] = pos;
-            out_kind[dst] = kind;
-            out_ref[dst] = (int)rl;
-            out_seg[dst] = (int)child_seg;
-        }
-        if (cls & KD_CLASS_RIGHT) {
-            long long dst = child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
-            out_pos[dst] = pos;
-            out_kind[dst] = kind;
-            out_ref[dst] = (int)rr;
-            out_seg[dst] = (int)(child_seg + 1);
-        }
+        __syncthreads();
+        cur = nxt;
+        pos = child_pos;
+        kind = child_kind;
+        ref = child_ref;
+        seg = child_seg;
+        tri = child_tri;
+        node = child_node;
+        lo = child_lo;
+        hi = child_hi;
+        node_ref_offset = child_ref_offset;
+        seg_event_offset = child_event_offset;
+        n = 2 * num_split;
+        num_refs = num_child_refs;
+        num_events = num_child_events;
     }
 }
 

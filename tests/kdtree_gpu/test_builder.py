@@ -187,6 +187,55 @@ def test_gpu_pipeline_equals_naive_builder(seed, kernels):
     assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cuda", kernels=kernels))
 
 
+def dirty_device_pool(num_bytes=64 << 20):
+    """Fill free pool memory with 0xFF bytes, so that an output the build
+    leaves unwritten holds garbage instead of lucky zeros."""
+    import cupy
+
+    junk = cupy.full(num_bytes, 0xFF, dtype=np.uint8)
+    del junk
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(1, 200, 2))
+def test_gpu_block_loop_and_launch_loop_make_the_same_tree(seed, monkeypatch):
+    # Default: small scenes run every level in the one-block loop. Then the
+    # loop's buffers are made just larger than the root, so it stops early
+    # and the launch-per-stage loop goes on; then the launch loop alone.
+    V, F = random_scene(seed)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    reference = naive.build(V, F, cfg)
+    dirty_device_pool()
+    whole = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(reference, whole)
+    assert whole.build_info["block_levels"] == whole.build_info["levels"]
+    root_events = whole.build_info["level_sizes"][0][2]
+    monkeypatch.setattr(builder, "BLOCK_LOOP_EVENTS", root_events + root_events // 4)
+    dirty_device_pool()
+    part = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(reference, part)
+    assert part.build_info["level_sizes"] == whole.build_info["level_sizes"]
+    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 0)
+    launched = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(reference, launched)
+    assert launched.build_info["block_levels"] == 0
+
+
+@gpu
+@pytest.mark.parametrize("name, cap_events", [("suzanne", 12_000), ("spot", 1 << 17),
+                                              ("teapot", 1 << 17),
+                                              ("stanford_bunny", 1 << 21)])
+def test_gpu_block_loop_stops_mid_build_on_real_meshes(name, cap_events, mesh_path, monkeypatch):
+    V, F = kd.load_mesh(mesh_path(name))
+    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 1 << 22)
+    monkeypatch.setattr(builder, "BLOCK_LOOP_EVENTS", cap_events)
+    dirty_device_pool()
+    tree = kd.build(V, F, device="cuda")
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    info = tree.build_info
+    assert 0 < info["block_levels"] < info["levels"], (info["block_levels"], info["levels"])
+
+
 @gpu
 @pytest.mark.parametrize("seed", range(20))
 def test_gpu_fused_equals_reference_on_larger_scenes(seed):
@@ -232,8 +281,14 @@ def test_gpu_out_of_memory_is_a_clear_error_and_the_gpu_stays_usable():
 
 
 @gpu
-def test_gpu_profile_names_every_stage():
+def test_gpu_profile_names_every_stage(monkeypatch):
     V, F = soup(np.random.default_rng(2), 500)
+    tree = kd.build(V, F, device="cuda", profile=True)
+    table = tree.build_info["profile_table"]
+    for name in ("prepare_mesh", "create_root_events", "build_levels_block",
+                 "read_level_counts", "download"):
+        assert name in table
+    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 0)
     tree = kd.build(V, F, device="cuda", profile=True)
     table = tree.build_info["profile_table"]
     for name in ("compute_split_costs: costs", "select_best_splits", "classify_triangles",
