@@ -543,11 +543,14 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         NumPy, ``"auto"`` picks CUDA when a GPU is usable.
     profile : bool
         Record a per-stage time table in ``tree.build_info["profile"]``.
-    kernels : {"fused", "xp"}
-        On the GPU: ``"fused"`` (default) runs the stages' element-wise work
-        in the kernels of ``cuda/build.cu``; ``"xp"`` runs the same stage
-        functions as the NumPy pipeline on CuPy arrays (the kernels' twin,
-        for testing).
+    kernels : {"fused", "stages", "xp"}
+        On the GPU: ``"fused"`` (default) runs the levels in the level-loop
+        kernel of ``cuda/build_loop.cu`` (a few launches for the whole tree,
+        every size kept on the device), or one launch per stage where the
+        device cannot run cooperative launches; ``"stages"`` always launches
+        each stage (the kernels of ``cuda/build.cu``, one read of the next
+        level's sizes per level); ``"xp"`` runs the same stage functions as
+        the NumPy pipeline on CuPy arrays (the kernels' twin, for testing).
 
     Returns
     -------
@@ -567,8 +570,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
     cfg = SAHConfig() if config is None else config
     if not isinstance(cfg, SAHConfig):
         raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
-    if kernels not in ("fused", "xp"):
-        raise ValueError(f"kernels must be 'fused' or 'xp', got {kernels!r}")
+    if kernels not in ("fused", "stages", "xp"):
+        raise ValueError(f"kernels must be 'fused', 'stages' or 'xp', got {kernels!r}")
     dev = resolve_device(device)
     vertices, faces = _as_mesh_arrays(vertices, faces)
     if cfg.clip:
@@ -592,16 +595,16 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
     if dev == "cuda":
         import cupy as cp
 
-        if kernels == "fused":
+        fused = kernels != "xp"
+        if fused:
             V, F = coerce_mesh(vertices, faces)
-            level_loop = _build_levels_cuda
         else:
             V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
-            level_loop = None
         try:
             with (Profiler() if profile else contextlib.nullcontext()) as prof:
-                if level_loop is not None:
-                    host, info = level_loop(cp, cfg, V, F)
+                if fused:
+                    host, info = _build_levels_cuda(
+                        cp, cfg, V, F, loop="grid" if kernels == "fused" else "stages")
                 else:
                     arrays = _build_levels(cp, cfg, tri_lo, tri_hi, valid, bounds)
                     host = [a.get() for a in arrays[:5]]
@@ -749,11 +752,6 @@ _SCAN_SMALL = 8 * _SCAN_TILE  # up to this size, one block scans in one launch
 # Levels whose arrays are all below this size use the block-wide kernels
 # (kd_small_*): one block does several stages, one launch instead of several.
 _SMALL_LEVEL = 1 << 16
-# Builds whose root has at most this many events run their levels in one
-# block (kd_build_levels_block: one launch and one read for all the levels
-# that fit), with level buffers of BLOCK_LOOP_EVENTS events.
-BLOCK_LOOP_ROOT_EVENTS = 1 << 15
-BLOCK_LOOP_EVENTS = 1 << 17
 _kernel_cache = {}
 
 
@@ -939,18 +937,109 @@ class _LoopState:
     level_sizes: list = dataclasses.field(default_factory=list)
     done: bool = False
     peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
+    launches: int = 0  # launches of the level-loop kernel
 
 
-def build_levels_block(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
-                       cap_events=None):
-    """Run the level loop from ``state`` in one block of one launch.
+_LOOP_BLOCK = 512  # KD_LOOP_BLOCK in cuda/build_loop.cu
+_loop_kernel_cache = {}
 
-    The kernel ``kd_build_levels_block`` calls the same stage functions as
-    the launch-per-stage loop, with a block barrier between stages, so a
-    small build costs one launch and one read instead of about ten launches,
-    twenty allocations and one read per level. Levels live in two buffers of
-    fixed capacity; the loop stops before a level whose children (or whose
-    tree output) would not fit, and the caller goes on from there.
+
+def level_loop_kernel(cp):
+    """The level-loop kernel and its cooperative grid on the current device.
+
+    Returns
+    -------
+    (cupy.RawKernel, int) or None
+        The kernel ``kd_build_levels_grid`` and the number of blocks that are
+        resident at once (blocks per multiprocessor times multiprocessors),
+        or ``None`` when the device cannot run cooperative launches.
+    """
+    device = cp.cuda.Device()
+    if device.id in _loop_kernel_cache:
+        return _loop_kernel_cache[device.id]
+    attributes = device.attributes
+    result = None
+    if attributes.get("CooperativeLaunch", 0):
+        from cupy_backends.cuda.api import driver
+
+        from .kernels import get_function
+
+        kernel = get_function("build_loop.cu", "kd_build_levels_grid", cooperative=True)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                  _LOOP_BLOCK, 0)
+        if per_sm > 0:
+            result = (kernel, per_sm * attributes["MultiProcessorCount"])
+    _loop_kernel_cache[device.id] = result
+    return result
+
+
+def _level_buffers(cp, cap_events, cap_refs, cap_nodes):
+    """Two level buffers (slot s at ``[s]``) and the per-level scratch of the
+    level-loop kernel, in its parameter order."""
+    empty = cp.empty
+    levels = (
+        empty((2, cap_events), dtype=enc.EVENT_POS_DTYPE),  # event_pos
+        empty((2, cap_events), dtype=enc.EVENT_KIND_DTYPE),  # event_kind
+        empty((2, cap_events), dtype=np.int32),  # event_ref
+        empty((2, cap_events), dtype=np.int32),  # event_seg
+        empty((2, cap_refs), dtype=np.int32),  # ref_tri
+        empty((2, cap_refs), dtype=np.int32),  # ref_node
+        empty((2, cap_nodes, 3), dtype=np.float32),  # node_lo
+        empty((2, cap_nodes, 3), dtype=np.float32),  # node_hi
+        empty((2, 2 * cap_nodes + 1), dtype=np.int64),  # node_ref_offset
+        empty((2, 6 * cap_nodes + 1), dtype=np.int64),  # seg_event_offset
+    )
+    scratch = (
+        empty(cap_events + 1, dtype=np.int64),  # open_close_ex
+        empty(3 * cap_nodes, dtype=np.uint64),  # seg_min_cost
+        empty(3 * cap_nodes, dtype=np.uint64),  # seg_best
+        empty(cap_events, dtype=np.float64),  # event_cost
+        empty(cap_events, dtype=np.int8),  # event_side
+        empty(cap_nodes, dtype=np.float64),  # best_cost
+        empty(cap_nodes, dtype=np.int8),  # best_axis
+        empty(cap_nodes, dtype=np.float32),  # best_pos
+        empty(cap_nodes, dtype=np.int8),  # best_side
+        empty(cap_nodes, dtype=bool),  # node_split
+        empty(cap_nodes + 1, dtype=np.int64),  # split_leaf
+        empty(cap_nodes + 1, dtype=np.int64),  # split_leaf_ex
+        empty(cap_refs, dtype=np.uint8),  # ref_class
+        empty(cap_refs + 1, dtype=np.int64),  # ref_lr
+        empty(cap_refs + 1, dtype=np.int64),  # ref_lr_ex
+        empty(cap_events + 1, dtype=np.int64),  # event_lr
+        empty(cap_events + 1, dtype=np.int64),  # event_lr_ex
+        empty(8 * cap_nodes + 2, dtype=np.int64),  # child_count
+    )
+    return levels, scratch
+
+
+def first_loop_capacity(num_events, num_refs):
+    """Capacities of the level loop's first buffers, from the root's sizes.
+
+    Room for the events and references to grow fourfold (the first levels
+    grow by less than 2x each); levels seldom have more nodes than the root
+    has references; trees hold about 2-8 nodes and leaf entries per
+    triangle. A build that outgrows them costs one more launch.
+
+    Returns
+    -------
+    cap_events, cap_refs, cap_nodes, cap_tree : int
+        Events, references and nodes per level; tree nodes and leaf entries.
+    """
+    return (4 * num_events + 4096, 4 * num_refs + 1024, num_refs + 1024,
+            8 * num_refs + 256)
+
+
+def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
+    """Run the level loop from ``state`` to the last level in cooperative launches.
+
+    The kernel ``kd_build_levels_grid`` calls the same stage functions as the
+    launch-per-stage loop, level after level, with a grid barrier between
+    stages and every size kept on the device: one launch and one read for
+    all the levels that fit in its buffers, instead of about ten launches,
+    twenty allocations and one read per level. When a level's children (or
+    its part of the tree) would not fit, the kernel stops before that level
+    writes anything and says what it needs; the loop is launched again from
+    that level with buffers twice that size.
 
     Parameters
     ----------
@@ -958,115 +1047,93 @@ def build_levels_block(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
     state : _LoopState
         The level to start from (the root).
     out : _OutputBuffers
-        Its capacity bounds the tree output of the loop.
+        Grown when the tree outgrows it.
     max_depth : int
-    cap_events : int, optional
-        Events per level buffer (``BLOCK_LOOP_EVENTS``); references and nodes
-        per level are bounded by it too (a reference has at least one event
-        per axis).
+    loop : (cupy.RawKernel, int)
+        From :func:`level_loop_kernel`.
 
     Returns
     -------
     _LoopState
-        ``done``, or the level the loop stopped at, held in the loop's buffers.
+        Done, with the sizes of every level.
     """
     from .launch import launch
 
     i64, f64 = np.int64, np.float64
-    cap_e = int(BLOCK_LOOP_EVENTS if cap_events is None else cap_events)
-    cap_r = cap_e // 3 + 1
-    cap_n = cap_r
-    ev, refs, nodes = state.events, state.refs, state.nodes
-    if ev.size > cap_e or refs.size > cap_r:
-        return state
-    empty = cp.empty
-    # Two level buffers each (slot s at [s]).
-    lvl_pos = empty((2, cap_e), dtype=enc.EVENT_POS_DTYPE)
-    lvl_kind = empty((2, cap_e), dtype=enc.EVENT_KIND_DTYPE)
-    lvl_ref = empty((2, cap_e), dtype=np.int32)
-    lvl_seg = empty((2, cap_e), dtype=np.int32)
-    lvl_tri = empty((2, cap_r), dtype=np.int32)
-    lvl_node = empty((2, cap_r), dtype=np.int32)
-    lvl_lo = empty((2, cap_n, 3), dtype=np.float32)
-    lvl_hi = empty((2, cap_n, 3), dtype=np.float32)
-    lvl_ref_offset = empty((2, 2 * cap_n + 1), dtype=np.int64)
-    lvl_seg_offset = empty((2, 6 * cap_n + 1), dtype=np.int64)
-    scratch = (
-        empty(cap_e + 1, dtype=np.int64),  # open_close_ex
-        empty(3 * cap_n, dtype=np.uint64),  # seg_min_cost
-        empty(3 * cap_n, dtype=np.uint64),  # seg_best
-        empty(cap_e, dtype=np.float64),  # event_cost
-        empty(cap_e, dtype=np.int8),  # event_side
-        empty(cap_n, dtype=np.float64),  # best_cost
-        empty(cap_n, dtype=np.int8),  # best_axis
-        empty(cap_n, dtype=np.float32),  # best_pos
-        empty(cap_n, dtype=np.int8),  # best_side
-        empty(cap_n, dtype=bool),  # node_split
-        empty(cap_n + 1, dtype=np.int64),  # split_leaf
-        empty(cap_n + 1, dtype=np.int64),  # split_leaf_ex
-        empty(cap_r, dtype=np.uint8),  # ref_class
-        empty(cap_r + 1, dtype=np.int64),  # ref_lr
-        empty(cap_r + 1, dtype=np.int64),  # ref_lr_ex
-        empty(cap_e + 1, dtype=np.int64),  # event_lr
-        empty(cap_e + 1, dtype=np.int64),  # event_lr_ex
-        empty(8 * cap_n + 2, dtype=np.int64),  # child_count
-    )
-    status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
-    launch("build_levels_block", _kernel("kd_build_levels_block"), 1024,
-           (tri_lo, tri_hi,
-            ev.event_pos, ev.event_kind, ev.event_ref, ev.event_seg, refs.ref_tri, refs.ref_node,
-            nodes.node_lo, nodes.node_hi, nodes.node_ref_offset, nodes.seg_event_offset,
-            i64(refs.size), i64(ev.size),
-            lvl_pos, lvl_kind, lvl_ref, lvl_seg, lvl_tri, lvl_node, lvl_lo, lvl_hi,
-            lvl_ref_offset, lvl_seg_offset, i64(cap_e), i64(cap_r), i64(cap_n),
-            *scratch,
-            *out.node, i64(out.node[0].shape[0]), out.leaf, i64(out.leaf.shape[0]),
-            i64(max_depth), i64(cfg.leaf_size), np.int32(cfg.axes == "longest"),
-            f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), status),
-           block=1024)
-    peak_bytes = cp.get_default_memory_pool().used_bytes()
-    with stage(xp=cp, description="read_level_counts"):
-        # One read for all the levels of the loop.
-        record = status.get()
-    level = int(record[enc.LOOP_LEVEL])
-    sizes = record[enc.LOOP_SLOTS:enc.LOOP_SLOTS + 3 * level].reshape(-1, 3)
-    result = _LoopState(events=ev, refs=refs, nodes=nodes, level=level,
-                        level_base=int(record[enc.LOOP_LEVEL_BASE]),
-                        leaf_ref_base=int(record[enc.LOOP_LEAF_BASE]),
-                        level_sizes=state.level_sizes + [tuple(int(x) for x in row)
-                                                         for row in sizes],
-                        done=int(record[enc.LOOP_STATE]) == enc.LOOP_DONE,
-                        peak_bytes=peak_bytes)
-    slot = int(record[enc.LOOP_BUFFER])
-    if result.done or slot < 0:
-        return result
-    # Stopped at a level held in buffer `slot`: hand it to the caller as views.
-    n, num_refs, num_events = (int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS,
-                                                         enc.LOOP_EVENTS))
-    result.events = EventSoA(lvl_pos[slot, :num_events], lvl_kind[slot, :num_events],
-                             lvl_ref[slot, :num_events], lvl_seg[slot, :num_events])
-    result.refs = RefSoA(lvl_tri[slot, :num_refs], lvl_node[slot, :num_refs])
-    result.nodes = NodeSoA(lvl_lo[slot, :n], lvl_hi[slot, :n], lvl_ref_offset[slot, :n + 1],
-                           lvl_seg_offset[slot, :3 * n + 1])
-    return result
+    kernel, grid = loop
+    pool = cp.get_default_memory_pool()
+    cap_e, cap_r, cap_n, cap_tree = first_loop_capacity(state.events.size, state.refs.size)
+    out.reserve(cap_tree, cap_tree)
+    block_sum = cp.empty(3 * grid, dtype=np.int64)
+    launches = 0
+    while True:
+        ev, refs, nodes = state.events, state.refs, state.nodes
+        levels, scratch = _level_buffers(cp, cap_e, cap_r, cap_n)
+        status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+        launch("build_levels_grid", kernel, grid * _LOOP_BLOCK,
+               (tri_lo, tri_hi,
+                ev.event_pos, ev.event_kind, ev.event_ref, ev.event_seg, refs.ref_tri,
+                refs.ref_node, nodes.node_lo, nodes.node_hi, nodes.node_ref_offset,
+                nodes.seg_event_offset, i64(nodes.size), i64(refs.size), i64(ev.size),
+                i64(state.level), i64(state.level_base), i64(state.leaf_ref_base),
+                *levels, i64(cap_e), i64(cap_r), i64(cap_n), *scratch, block_sum,
+                *out.node, i64(out.node[0].shape[0]), out.leaf, i64(out.leaf.shape[0]),
+                i64(max_depth), i64(cfg.leaf_size), np.int32(cfg.axes == "longest"),
+                f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), status),
+               block=_LOOP_BLOCK)
+        launches += 1
+        state.peak_bytes = max(state.peak_bytes, pool.used_bytes())
+        with stage(xp=cp, description="read_level_counts"):
+            # One read for all the levels of the launch.
+            record = status.get()
+        level = int(record[enc.LOOP_LEVEL])
+        sizes = record[enc.LOOP_SLOTS + 3 * state.level:enc.LOOP_SLOTS + 3 * level]
+        state.level_sizes += [tuple(int(x) for x in row) for row in sizes.reshape(-1, 3)]
+        state.level = level
+        state.level_base = int(record[enc.LOOP_LEVEL_BASE])
+        state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
+        state.launches = launches
+        if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
+            state.done = True
+            return state
+        # Stopped at a level: go on from it with buffers twice what it needs.
+        slot = int(record[enc.LOOP_BUFFER])
+        if slot >= 0:
+            n, num_refs, num_events = (int(record[k]) for k in (
+                enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS))
+            pos, kind, ref, seg, tri, node, lo, hi, ref_offset, seg_offset = levels
+            state.events = EventSoA(pos[slot, :num_events], kind[slot, :num_events],
+                                    ref[slot, :num_events], seg[slot, :num_events])
+            state.refs = RefSoA(tri[slot, :num_refs], node[slot, :num_refs])
+            state.nodes = NodeSoA(lo[slot, :n], hi[slot, :n], ref_offset[slot, :n + 1],
+                                  seg_offset[slot, :3 * n + 1])
+        cap_e = max(cap_e, 2 * int(record[enc.LOOP_NEED_EVENTS]))
+        cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
+        cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
+        out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
+                    2 * int(record[enc.LOOP_NEED_LEAF_REFS]))
 
 
-def _build_levels_cuda(cp, cfg, V, F):
+def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
     """The level loop with the element-wise work of each stage fused into the
     kernels of ``cuda/build.cu``.
 
     Same stages, same rules and same outputs as :func:`_build_levels`, which
-    is these kernels' NumPy twin (the GPU tests compare the two). Small
-    builds run their levels in one launch (:func:`build_levels_block`); the
-    others launch each stage, with one device-to-host read of four counts
-    per level (every other size is a host value).
+    is these kernels' NumPy twin (the GPU tests compare the two).
+
+    ``loop="grid"`` runs the levels in the level-loop kernel
+    (:func:`build_levels_grid`, a few launches for the whole tree) where the
+    device can run cooperative launches; ``loop="stages"`` (and the
+    fallback) launches each stage, with one device-to-host read of four
+    counts per level (every other size is a host value).
 
     Returns
     -------
     node_axis, node_split, node_child, node_count, leaf_tris : host arrays
     info : dict
-        levels, level_sizes, block_levels (levels run by the one-block loop),
-        num_degenerate, bounds, peak_device_bytes.
+        levels, level_sizes, level_loop ("grid": the level-loop kernel,
+        "stages": one launch per stage), loop_launches, num_degenerate,
+        bounds, peak_device_bytes.
     """
     from .launch import launch
 
@@ -1087,15 +1154,11 @@ def _build_levels_cuda(cp, cfg, V, F):
         seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(axis_counts)]).astype(np.int64)),
     )
     state = _LoopState(events, refs, nodes)
-    if events.size <= BLOCK_LOOP_ROOT_EVENTS:
-        # Small build: all its levels (or the first ones, until a level
-        # outgrows the loop's buffers) in one launch.
-        out = _OutputBuffers(cp, 8 * num_root + 256, 8 * num_root + 256)
-        state = build_levels_block(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
+    out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
+    grid_loop = level_loop_kernel(cp) if loop == "grid" else None
+    if grid_loop is not None:
+        state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop)
         peak = max(peak, state.peak_bytes)
-    else:
-        out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
-    block_levels = state.level
     events, refs, nodes = state.events, state.refs, state.nodes
     level_base = state.level_base
     leaf_ref_base = state.leaf_ref_base
@@ -1231,6 +1294,7 @@ def _build_levels_cuda(cp, cfg, V, F):
         num_refs = num_child_refs
     with stage(xp=cp, description="download"):
         host = [a[:level_base].get() for a in out.node] + [out.leaf[:leaf_ref_base].get()]
-    info = {"levels": level, "level_sizes": level_sizes, "block_levels": block_levels,
-            "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
+    info = {"levels": level, "level_sizes": level_sizes,
+            "level_loop": "grid" if grid_loop is not None else "stages",
+            "loop_launches": state.launches, "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return host, info

@@ -67,18 +67,24 @@ PACK_SHIFT = 2
 PACK_AXIS_MASK = (1 << PACK_SHIFT) - 1
 PACK_MAX_INDEX = (1 << (31 - PACK_SHIFT)) - 1
 
-# --- status record of the one-block level loop (builder.build_levels_block) ---
+# --- status record of the level loop kernel (builder.build_levels_grid) -----
 # Slots of the int64 record the kernel leaves behind; the per-level sizes
-# (nodes, refs, events of each finished level) follow from slot LOOP_SLOTS on.
+# (nodes, refs, events of each finished level) follow from slot LOOP_SLOTS on,
+# three per level, indexed by level number.
 LOOP_STATE = 0  # LOOP_DONE, or LOOP_STOPPED: level LOOP_LEVEL did not fit
 LOOP_LEVEL = 1  # levels finished
-LOOP_NODES = 2  # size of the level the loop stopped at (or 0 when done)
+LOOP_NODES = 2  # size of the level the loop stopped at
 LOOP_REFS = 3
 LOOP_EVENTS = 4
 LOOP_LEVEL_BASE = 5  # tree nodes written so far
 LOOP_LEAF_BASE = 6  # leaf_tris entries written so far
-LOOP_BUFFER = 7  # which level buffer holds that level (-1: the root arrays)
-LOOP_SLOTS = 8
+LOOP_BUFFER = 7  # which level buffer holds the stopped level (-1: the start arrays)
+LOOP_NEED_NODES = 8  # what the stopped level needs: its children's nodes,
+LOOP_NEED_REFS = 9  # references
+LOOP_NEED_EVENTS = 10  # and events,
+LOOP_NEED_TREE_NODES = 11  # tree nodes including the level's own,
+LOOP_NEED_LEAF_REFS = 12  # leaf_tris entries including the level's own
+LOOP_SLOTS = 13
 LOOP_DONE = 0
 LOOP_STOPPED = 1
 
@@ -148,6 +154,11 @@ def cuda_defines() -> str:
         "LOOP_LEVEL_BASE": LOOP_LEVEL_BASE,
         "LOOP_LEAF_BASE": LOOP_LEAF_BASE,
         "LOOP_BUFFER": LOOP_BUFFER,
+        "LOOP_NEED_NODES": LOOP_NEED_NODES,
+        "LOOP_NEED_REFS": LOOP_NEED_REFS,
+        "LOOP_NEED_EVENTS": LOOP_NEED_EVENTS,
+        "LOOP_NEED_TREE_NODES": LOOP_NEED_TREE_NODES,
+        "LOOP_NEED_LEAF_REFS": LOOP_NEED_LEAF_REFS,
         "LOOP_SLOTS": LOOP_SLOTS,
         "LOOP_DONE": LOOP_DONE,
         "LOOP_STOPPED": LOOP_STOPPED,

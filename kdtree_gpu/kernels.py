@@ -21,8 +21,9 @@ Conventions for the sources
   ``extern "C" __global__``; templates are reached through
   ``name_expressions``.
 * Sources use only built-in types (``int``, ``long long``, ``unsigned int``,
-  ``float``, ``double``) and no standard headers: the same file must compile
-  under NVRTC at run time and under ``nvcc`` in CI.
+  ``float``, ``double``) and no standard headers (CUDA's own
+  ``<cooperative_groups.h>`` is the one exception): the same file must
+  compile under NVRTC at run time and under ``nvcc`` in CI.
 * The ``KD_*`` constants come from the define block; never repeat a number
   that :mod:`kdtree_gpu.encoding` defines.
 
@@ -148,7 +149,8 @@ def compile_options(options: Sequence[str] = ()) -> tuple:
     return BASE_OPTIONS + (f"-I{CUDA_DIR}",) + extra
 
 
-def get_module(filename: str, options: Sequence[str] = (), name_expressions=None):
+def get_module(filename: str, options: Sequence[str] = (), name_expressions=None,
+               cooperative: bool = False):
     """Compiled module of one ``.cu`` file on the current device (memoized).
 
     Parameters
@@ -161,6 +163,10 @@ def get_module(filename: str, options: Sequence[str] = (), name_expressions=None
     name_expressions : sequence of str, optional
         Template kernel instantiations to compile, e.g.
         ``["kd_segmented_argmin<double>"]``.
+    cooperative : bool
+        Compile for cooperative groups; every kernel of the module is then
+        launched cooperatively (all blocks resident at once, so a grid
+        barrier is safe; the grid must fit on the device).
 
     Returns
     -------
@@ -182,20 +188,22 @@ def get_module(filename: str, options: Sequence[str] = (), name_expressions=None
     options = tuple(options)
     names = None if name_expressions is None else tuple(name_expressions)
     device_id = cupy.cuda.runtime.getDevice()
-    key = (device_id, filename, options, names, hashlib.sha1(code.encode()).hexdigest())
+    key = (device_id, filename, options, names, cooperative,
+           hashlib.sha1(code.encode()).hexdigest())
     module = _module_cache.get(key)
     if module is None:
         module = cupy.RawModule(
             code=code,
             options=compile_options(options),
             name_expressions=names,
-            jitify=False,
+            enable_cooperative_groups=cooperative,
         )
         _module_cache[key] = module
     return module
 
 
-def get_function(filename: str, name: str, options: Sequence[str] = (), name_expressions=None):
+def get_function(filename: str, name: str, options: Sequence[str] = (), name_expressions=None,
+                 cooperative: bool = False):
     """One kernel of a ``.cu`` file on the current device (memoized).
 
     Parameters
@@ -205,7 +213,7 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
     name : str
         Kernel name (``extern "C"``) or one of ``name_expressions``; starts
         with ``kd_``.
-    options, name_expressions
+    options, name_expressions, cooperative
         As in :func:`get_module`.
 
     Returns
@@ -226,10 +234,10 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
 
     names = None if name_expressions is None else tuple(name_expressions)
     # a launch-time lookup must not re-read and hash the sources every time
-    key = (cupy.cuda.runtime.getDevice(), filename, name, tuple(options), names)
+    key = (cupy.cuda.runtime.getDevice(), filename, name, tuple(options), names, cooperative)
     function = _function_cache.get(key)
     if function is None:
-        module = get_module(filename, options, names)
+        module = get_module(filename, options, names, cooperative)
         function = module.get_function(name)
         _function_cache[key] = function
     return function

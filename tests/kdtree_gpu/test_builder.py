@@ -179,7 +179,7 @@ gpu = pytest.mark.gpu
 
 
 @gpu
-@pytest.mark.parametrize("kernels", ["fused", "xp"])
+@pytest.mark.parametrize("kernels", ["fused", "stages", "xp"])
 @pytest.mark.parametrize("seed", range(0, 200, 2))
 def test_gpu_pipeline_equals_naive_builder(seed, kernels):
     V, F = random_scene(seed)
@@ -196,44 +196,58 @@ def dirty_device_pool(num_bytes=64 << 20):
     del junk
 
 
+def tight_loop_capacity(num_events, num_refs):
+    """Level-loop buffers just as large as the level the loop starts from:
+    nearly every level outgrows them, and the loop is launched again."""
+    return num_events, num_refs, 1, 1
+
+
 @gpu
 @pytest.mark.parametrize("seed", range(1, 200, 2))
-def test_gpu_block_loop_and_launch_loop_make_the_same_tree(seed, monkeypatch):
-    # Default: small scenes run every level in the one-block loop. Then the
-    # loop's buffers are made just larger than the root, so it stops early
-    # and the launch-per-stage loop goes on; then the launch loop alone.
+def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed, monkeypatch):
+    # Default: every level in one launch of the level-loop kernel. Then with
+    # buffers that every level outgrows (one launch per growth, each going on
+    # from the level that stopped); then one launch per stage.
     V, F = random_scene(seed)
     cfg = CONFIGS[seed % len(CONFIGS)]
     reference = naive.build(V, F, cfg)
     dirty_device_pool()
     whole = kd.build(V, F, cfg, device="cuda")
     assert_same_tree(reference, whole)
-    assert whole.build_info["block_levels"] == whole.build_info["levels"]
-    root_events = whole.build_info["level_sizes"][0][2]
-    monkeypatch.setattr(builder, "BLOCK_LOOP_EVENTS", root_events + root_events // 4)
+    assert whole.build_info["level_loop"] == "grid"
+    assert whole.build_info["loop_launches"] == 1
+    monkeypatch.setattr(builder, "first_loop_capacity", tight_loop_capacity)
     dirty_device_pool()
-    part = kd.build(V, F, cfg, device="cuda")
-    assert_same_tree(reference, part)
-    assert part.build_info["level_sizes"] == whole.build_info["level_sizes"]
-    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 0)
-    launched = kd.build(V, F, cfg, device="cuda")
-    assert_same_tree(reference, launched)
-    assert launched.build_info["block_levels"] == 0
+    grown = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(reference, grown)
+    assert grown.build_info["level_sizes"] == whole.build_info["level_sizes"]
+    if whole.build_info["levels"] > 2:
+        assert grown.build_info["loop_launches"] > 1
+    dirty_device_pool()
+    staged = kd.build(V, F, cfg, device="cuda", kernels="stages")
+    assert_same_tree(reference, staged)
+    assert staged.build_info["level_loop"] == "stages"
+    assert staged.build_info["level_sizes"] == whole.build_info["level_sizes"]
 
 
 @gpu
-@pytest.mark.parametrize("name, cap_events", [("suzanne", 12_000), ("spot", 1 << 17),
-                                              ("teapot", 1 << 17),
-                                              ("stanford_bunny", 1 << 21)])
-def test_gpu_block_loop_stops_mid_build_on_real_meshes(name, cap_events, mesh_path, monkeypatch):
+@pytest.mark.parametrize("name", ["suzanne", "spot", "stanford_bunny"])
+def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path, monkeypatch):
     V, F = kd.load_mesh(mesh_path(name))
-    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 1 << 22)
-    monkeypatch.setattr(builder, "BLOCK_LOOP_EVENTS", cap_events)
+    monkeypatch.setattr(builder, "first_loop_capacity", tight_loop_capacity)
     dirty_device_pool()
     tree = kd.build(V, F, device="cuda")
     assert_same_tree(cpu_reference.build(V, F), tree)
-    info = tree.build_info
-    assert 0 < info["block_levels"] < info["levels"], (info["block_levels"], info["levels"])
+    assert tree.build_info["loop_launches"] > 3
+
+
+@gpu
+@pytest.mark.parametrize("name", ["suzanne", "stanford_bunny"])
+def test_gpu_stage_launches_equal_reference_on_real_meshes(name, mesh_path):
+    V, F = kd.load_mesh(mesh_path(name))
+    dirty_device_pool()
+    tree = kd.build(V, F, device="cuda", kernels="stages")
+    assert_same_tree(cpu_reference.build(V, F), tree)
 
 
 @gpu
@@ -281,15 +295,14 @@ def test_gpu_out_of_memory_is_a_clear_error_and_the_gpu_stays_usable():
 
 
 @gpu
-def test_gpu_profile_names_every_stage(monkeypatch):
+def test_gpu_profile_names_every_stage():
     V, F = soup(np.random.default_rng(2), 500)
     tree = kd.build(V, F, device="cuda", profile=True)
     table = tree.build_info["profile_table"]
-    for name in ("prepare_mesh", "create_root_events", "build_levels_block",
+    for name in ("prepare_mesh", "create_root_events", "build_levels_grid",
                  "read_level_counts", "download"):
         assert name in table
-    monkeypatch.setattr(builder, "BLOCK_LOOP_ROOT_EVENTS", 0)
-    tree = kd.build(V, F, device="cuda", profile=True)
+    tree = kd.build(V, F, device="cuda", profile=True, kernels="stages")
     table = tree.build_info["profile_table"]
     for name in ("compute_split_costs: costs", "select_best_splits", "classify_triangles",
                  "split_refs_and_events", "emit_level", "read_level_counts"):

@@ -1,0 +1,275 @@
+// The level loop of the SAH kd-tree builder in one cooperative launch
+// (kdtree_gpu/builder.py, build_levels_grid).
+//
+// One launch per stage costs the host a launch, allocations and, per level,
+// a read of the next level's sizes: small and mid-size builds are bound by
+// that host work, not by the GPU. This kernel runs the same stage functions
+// (build_stages.cuh) level after level in one launch of as many blocks as fit
+// on the device at once, with a grid barrier where a launch would end (about
+// 1 us on an H200, against 4.5 us of host time per launch), and it sizes each
+// level on the device.
+//
+// Levels live in two buffers of fixed capacity (ping-pong: slot s of an array
+// starts at s * its capacity). A level whose children, or whose part of the
+// tree, would not fit stops the loop before the level writes anything; the
+// status record says where it stopped and what it needs, and the host
+// launches again from that level with larger buffers.
+#include <cooperative_groups.h>
+
+#include "build_stages.cuh"
+
+namespace cg = cooperative_groups;
+
+#define KD_LOOP_BLOCK 512
+
+// body(i) for i in [0, n), grid-strided, with the same trip count in every
+// lane of a warp so that every lane reaches the warp collectives of the cost
+// and arg-min passes.
+template <typename Body>
+__device__ __forceinline__ void kd_grid_for(long long n, Body body)
+{
+    const long long stride = (long long)gridDim.x * KD_LOOP_BLOCK;
+    for (long long base = (long long)blockIdx.x * KD_LOOP_BLOCK; base < n; base += stride)
+        body(base + threadIdx.x);
+}
+
+// Grid-wide inclusive scan of n values load(i) into out, in two halves with a
+// grid barrier between them, so that several scans (and other work) share
+// their barriers. Block b owns the contiguous chunk [begin, end) of the input.
+__device__ __forceinline__ void kd_grid_chunk(long long n, long long* begin, long long* end)
+{
+    long long chunk = (n + gridDim.x - 1) / gridDim.x;
+    long long b = (long long)blockIdx.x * chunk;
+    *begin = b < n ? b : n;
+    *end = b + chunk < n ? b + chunk : n;
+}
+
+// First half: block_sum[block] = the sum of the block's chunk.
+template <typename Load>
+__device__ __forceinline__ void kd_grid_scan_sums(Load load, long long n, long long* block_sum)
+{
+    long long begin, end;
+    kd_grid_chunk(n, &begin, &end);
+    long long sum = 0;
+    for (long long i = begin + threadIdx.x; i < end; i += KD_LOOP_BLOCK) sum += load(i);
+    long long total;
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(sum, &total);
+    if (threadIdx.x == 0) block_sum[blockIdx.x] = total;
+}
+
+// Second half (after a grid barrier): each block scans its chunk, starting
+// from the sum of the chunks before it.
+template <typename Load>
+__device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
+                                                    const long long* block_sum, long long* out)
+{
+    long long begin, end;
+    kd_grid_chunk(n, &begin, &end);
+    long long before = 0;
+    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
+    long long carry;
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, &carry);
+    kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
+}
+
+// Pointers are neither const nor __restrict__ where an array is written by
+// one pass and read by a later pass of the same launch: such loads must not
+// go through the read-only cache.
+extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
+kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                     // the level to start from (read only)
+                     const float* start_pos, const signed char* start_kind,
+                     const int* start_ref, const int* start_seg, const int* start_tri,
+                     const int* start_node, const float* start_lo, const float* start_hi,
+                     const long long* start_ref_offset, const long long* start_seg_offset,
+                     long long start_nodes, long long start_refs, long long start_events,
+                     long long start_level, long long start_level_base,
+                     long long start_leaf_ref_base,
+                     // two level buffers
+                     float* lvl_pos, signed char* lvl_kind, int* lvl_ref, int* lvl_seg,
+                     int* lvl_tri, int* lvl_node, float* lvl_lo, float* lvl_hi,
+                     long long* lvl_ref_offset, long long* lvl_seg_offset,
+                     long long cap_events, long long cap_refs, long long cap_nodes,
+                     // per-level scratch, sized by the capacities
+                     long long* open_close_ex, unsigned long long* seg_min_cost,
+                     unsigned long long* seg_best, double* event_cost,
+                     signed char* event_side, double* best_cost, signed char* best_axis,
+                     float* best_pos, signed char* best_side, bool* node_split,
+                     long long* split_leaf, long long* split_leaf_ex,
+                     unsigned char* ref_class, long long* ref_lr, long long* ref_lr_ex,
+                     long long* event_lr, long long* event_lr_ex, long long* child_count,
+                     long long* block_sum,  // (3, gridDim.x)
+                     // the tree
+                     signed char* out_axis, float* out_split, int* out_child, int* out_count,
+                     long long cap_tree_nodes, int* leaf_tris, long long cap_leaf_refs,
+                     // settings
+                     long long max_depth, long long leaf_size, int longest_only,
+                     double k_traversal, double k_intersect, double empty_bonus,
+                     long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
+{
+    cg::grid_group grid = cg::this_grid();
+    const float* pos = start_pos;
+    const signed char* kind = start_kind;
+    const int* ref = start_ref;
+    const int* seg = start_seg;
+    const int* tri = start_tri;
+    const int* node = start_node;
+    const float* lo = start_lo;
+    const float* hi = start_hi;
+    const long long* node_ref_offset = start_ref_offset;
+    const long long* seg_event_offset = start_seg_offset;
+    long long n = start_nodes, num_refs = start_refs, num_events = start_events;
+    long long level = start_level, level_base = start_level_base;
+    long long leaf_ref_base = start_leaf_ref_base;
+    int cur = -1;  // the start level is in neither buffer
+    const long long ref_offset_cap = 2 * cap_nodes + 1, seg_offset_cap = 6 * cap_nodes + 1;
+    long long* sums0 = block_sum;
+    long long* sums1 = block_sum + gridDim.x;
+    long long* sums2 = block_sum + 2 * gridDim.x;
+    const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
+    for (;;) {
+        const int nxt = cur == 0 ? 1 : 0;
+        long long* child_ref_offset = lvl_ref_offset + nxt * ref_offset_cap;
+        long long* child_event_offset = lvl_seg_offset + nxt * seg_offset_cap;
+        long long* child_ref_count = child_count;
+        long long* child_event_count = child_count + 2 * n + 1;
+        const int level_active = level < max_depth;
+        const long long num_items = num_refs > num_events ? num_refs : num_events;
+
+        // compute_split_costs (R5-R7)
+        kd_grid_for(3 * n, [&](long long i) {
+            if (i < 3 * n) {
+                seg_min_cost[i] = KD_INF_BITS;
+                seg_best[i] = KD_NO_INDEX;
+            }
+        });
+        KdLoadOpenClose open_close = {kind};
+        kd_grid_scan_sums(open_close, num_events + 1, sums0);
+        grid.sync();
+        kd_grid_scan_finish(open_close, num_events + 1, sums0, open_close_ex);
+        grid.sync();
+        KdCostArgs cost = {pos, seg, open_close_ex, seg_event_offset, node_ref_offset, lo, hi,
+                           n, num_events, leaf_size, level_active, longest_only, k_traversal,
+                           k_intersect, empty_bonus, event_cost, event_side, seg_min_cost};
+        kd_grid_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
+        grid.sync();
+        // select_best_splits and decide_leaves (R4, R8)
+        kd_grid_for(num_events, [&](long long e) {
+            kd_argmin_event(event_cost, seg, seg_min_cost, num_events, seg_best, e);
+        });
+        grid.sync();
+        KdSelectArgs select = {seg_best, event_cost, pos, event_side, node_ref_offset, n,
+                               leaf_size, level_active, k_intersect, best_cost, best_axis,
+                               best_pos, best_side, node_split, split_leaf};
+        kd_grid_for(n, [&](long long i) { if (i < n) kd_select_node(select, i); });
+        kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) child_count[i] = 0; });
+        grid.sync();
+        // classify_triangles (R9) and the routing flags, beside the first
+        // half of the scan of the (split, leaf count) values
+        KdClassifyArgs classify = {tri, node, ref, best_axis, best_pos, best_side, node_split,
+                                   tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
+                                   event_lr};
+        kd_grid_for(num_items, [&](long long i) { kd_classify_item(classify, i); });
+        kd_grid_scan_sums(KdLoadArray{split_leaf}, n + 1, sums0);
+        grid.sync();
+        // route_refs and route_events: the flag scans, the child counts and
+        // the scans of the child counts into the children's offsets
+        kd_grid_scan_finish(KdLoadArray{split_leaf}, n + 1, sums0, split_leaf_ex);
+        kd_grid_scan_sums(KdLoadArray{ref_lr}, num_refs + 1, sums1);
+        kd_grid_scan_sums(KdLoadArray{event_lr}, num_events + 1, sums2);
+        grid.sync();
+        kd_grid_scan_finish(KdLoadArray{ref_lr}, num_refs + 1, sums1, ref_lr_ex);
+        kd_grid_scan_finish(KdLoadArray{event_lr}, num_events + 1, sums2, event_lr_ex);
+        grid.sync();
+        KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex,
+                             node_split, split_leaf_ex, n, child_ref_count, child_event_count};
+        kd_grid_for(4 * n, [&](long long t) { if (t < 4 * n) kd_child_count(route, t); });
+        grid.sync();
+        kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
+        kd_grid_scan_sums(KdLoadArray{child_event_count}, 6 * n + 1, sums1);
+        grid.sync();
+        kd_grid_scan_finish(KdLoadArray{child_ref_count}, 2 * n + 1, sums0, child_ref_offset);
+        kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
+                            child_event_offset);
+        grid.sync();
+        // The next level's sizes: every thread reads the same values and
+        // takes the same branch.
+        const long long sl = split_leaf_ex[n];
+        const long long num_split = KD_LOW(sl), num_leaf_refs = KD_HIGH(sl);
+        const long long num_child_refs = child_ref_offset[2 * num_split];
+        const long long num_child_events = child_event_offset[6 * num_split];
+        const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
+                          && num_child_events <= cap_events && level_base + n <= cap_tree_nodes
+                          && leaf_ref_base + num_leaf_refs <= cap_leaf_refs;
+        if (!fits) {
+            if (leader) {
+                status[KD_LOOP_STATE] = KD_LOOP_STOPPED;
+                status[KD_LOOP_LEVEL] = level;
+                status[KD_LOOP_NODES] = n;
+                status[KD_LOOP_REFS] = num_refs;
+                status[KD_LOOP_EVENTS] = num_events;
+                status[KD_LOOP_LEVEL_BASE] = level_base;
+                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+                status[KD_LOOP_BUFFER] = cur;
+                status[KD_LOOP_NEED_NODES] = 2 * num_split;
+                status[KD_LOOP_NEED_REFS] = num_child_refs;
+                status[KD_LOOP_NEED_EVENTS] = num_child_events;
+                status[KD_LOOP_NEED_TREE_NODES] = level_base + n;
+                status[KD_LOOP_NEED_LEAF_REFS] = leaf_ref_base + num_leaf_refs;
+            }
+            return;
+        }
+        // emit_level (R10) and make_child_nodes; split_refs and split_events
+        float* child_lo = lvl_lo + nxt * 3 * cap_nodes;
+        float* child_hi = lvl_hi + nxt * 3 * cap_nodes;
+        KdEmitArgs emit = {node_split, best_axis, best_pos, split_leaf_ex, lo, hi, n, level_base,
+                           leaf_ref_base, out_axis, out_split, out_child, out_count, child_lo,
+                           child_hi};
+        kd_grid_for(n, [&](long long i) { kd_emit_node(emit, i); });
+        float* child_pos = lvl_pos + nxt * cap_events;
+        signed char* child_kind = lvl_kind + nxt * cap_events;
+        int* child_ref = lvl_ref + nxt * cap_events;
+        int* child_seg = lvl_seg + nxt * cap_events;
+        int* child_tri = lvl_tri + nxt * cap_refs;
+        int* child_node = lvl_node + nxt * cap_refs;
+        KdScatterArgs scatter = {tri, node, ref_class, ref_lr_ex, node_ref_offset,
+                                 split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
+                                 event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
+                                 num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
+                                 child_pos, child_kind, child_ref, child_seg};
+        kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
+        if (leader) {
+            status[KD_LOOP_SLOTS + 3 * level] = n;
+            status[KD_LOOP_SLOTS + 3 * level + 1] = num_refs;
+            status[KD_LOOP_SLOTS + 3 * level + 2] = num_events;
+        }
+        level_base += n;
+        leaf_ref_base += num_leaf_refs;
+        ++level;
+        if (num_split == 0) {
+            if (leader) {
+                status[KD_LOOP_STATE] = KD_LOOP_DONE;
+                status[KD_LOOP_LEVEL] = level;
+                status[KD_LOOP_LEVEL_BASE] = level_base;
+                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+                status[KD_LOOP_BUFFER] = nxt;
+            }
+            return;
+        }
+        grid.sync();
+        cur = nxt;
+        pos = child_pos;
+        kind = child_kind;
+        ref = child_ref;
+        seg = child_seg;
+        tri = child_tri;
+        node = child_node;
+        lo = child_lo;
+        hi = child_hi;
+        node_ref_offset = child_ref_offset;
+        seg_event_offset = child_event_offset;
+        n = 2 * num_split;
+        num_refs = num_child_refs;
+        num_events = num_child_events;
+    }
+}

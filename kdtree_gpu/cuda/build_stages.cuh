@@ -1,0 +1,593 @@
+// Stage functions of the level-by-level SAH kd-tree builder
+// (kdtree_gpu/builder.py), shared by the kernels of build.cu (one launch per
+// stage) and the level loop of build_loop.cu (every level in one launch).
+//
+// A stage's element-wise work is a device function of one item index that
+// takes its arrays in a Kd*Args struct; the NumPy twin of each is the xp code
+// path of the same stage function in builder.py, which the GPU tests compare
+// against.
+//
+// Layout conventions (see builder.py):
+//   events of a level: sorted by segment seg = axis * n + node, then position;
+//   packed scans hold two 32-bit counts in one int64 (low | high << 32) and are
+//   exclusive with a leading 0, so count(i..j) = scan[j] - scan[i].
+#pragma once
+#include "sah.cuh"
+
+#define KD_LOW(x) ((long long)((unsigned long long)(x) & 0xffffffffull))
+#define KD_HIGH(x) ((long long)((unsigned long long)(x) >> 32))
+
+__device__ __forceinline__ long long kd_tid()
+{
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+// Costs are >= 0 (or +inf), so their IEEE bit patterns order like the values
+// and an integer atomicMin on the bits is an exact float64 minimum.
+#define KD_INF_BITS 0x7ff0000000000000ull
+#define KD_NO_INDEX 0xffffffffffffffffull
+
+// Rule R4: nodes above the leaf size and above the maximum depth search for a split.
+__device__ __forceinline__ bool kd_node_active(long long n_all, long long leaf_size,
+                                               int level_active)
+{
+    return level_active && n_all > leaf_size;
+}
+
+// Rule R5 with axes="longest": the axis of the largest float64 extent, lowest on ties.
+__device__ __forceinline__ int kd_longest_axis(const float* node_lo, const float* node_hi,
+                                               long long node)
+{
+    int best = 0;
+    double best_ext = -1.0;
+    for (int k = 0; k < 3; ++k) {
+        double ext = __dsub_rn((double)node_hi[3 * node + k], (double)node_lo[3 * node + k]);
+        if (ext > best_ext) {
+            best_ext = ext;
+            best = k;
+        }
+    }
+    return best;
+}
+
+// Minimum of `key` over each run of equal `seg` among the lanes of a warp
+// (events are sorted by segment, so a segment's lanes are contiguous); the
+// first lane of each run then makes one atomicMin for the whole run.
+// Lanes past the end pass seg = -1 and take part in the shuffles only.
+__device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long key, int seg,
+                                                             unsigned long long* target)
+{
+    const unsigned full = 0xffffffffu;
+    int lane = threadIdx.x & 31;
+    for (int offset = 1; offset < 32; offset <<= 1) {
+        unsigned long long other = __shfl_down_sync(full, key, offset);
+        int other_seg = __shfl_down_sync(full, seg, offset);
+        if (lane + offset < 32 && other_seg == seg && other < key) key = other;
+    }
+    int prev_seg = __shfl_up_sync(full, seg, 1);
+    bool run_head = lane == 0 || prev_seg != seg;
+    if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
+}
+
+// --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
+// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
+// block, then each tile scans itself starting from its prefix.
+#define KD_SCAN_BLOCK 256
+#define KD_SCAN_ITEMS 8
+#define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
+
+// Exclusive scan of one value per thread across a block of BLOCK threads
+// (all of them must call it); *total gets the block's sum.
+template <int BLOCK = KD_SCAN_BLOCK>
+__device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
+{
+    __shared__ long long warp_sums[BLOCK / 32];
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    long long x = value;
+    for (int o = 1; o < 32; o <<= 1) {
+        long long y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    if (lane == 31) warp_sums[warp] = x;
+    __syncthreads();
+    if (warp == 0) {
+        long long w = lane < BLOCK / 32 ? warp_sums[lane] : 0;
+        for (int o = 1; o < 32; o <<= 1) {
+            long long y = __shfl_up_sync(0xffffffffu, w, o);
+            if (lane >= o) w += y;
+        }
+        if (lane < BLOCK / 32) warp_sums[lane] = w;
+    }
+    __syncthreads();
+    long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
+    *total = warp_sums[BLOCK / 32 - 1];
+    __syncthreads();
+    return warp_prefix + x - value;
+}
+
+// One block of BLOCK threads scans the values load(i) of i in [begin, end),
+// in tiles of BLOCK * KD_SCAN_ITEMS, writing carry + the inclusive scan to
+// out[i]. Ends with a barrier, so the block may read `out` right after.
+template <typename Load, int BLOCK = KD_SCAN_BLOCK>
+__device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, long long end,
+                                                    long long carry, long long* out)
+{
+    for (long long tile = begin; tile < end; tile += (long long)BLOCK * KD_SCAN_ITEMS) {
+        long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
+        long long v[KD_SCAN_ITEMS];
+        long long sum = 0;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            v[j] = i < end ? load(i) : 0;
+            sum += v[j];
+        }
+        long long total;
+        long long prefix = kd_block_exclusive_scan<BLOCK>(sum, &total) + carry;
+        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+            long long i = base + j;
+            prefix += v[j];
+            if (i < end) out[i] = prefix;
+        }
+        carry += total;
+    }
+    __syncthreads();
+}
+
+// One block scans a whole array of n values.
+template <typename Load, int BLOCK = KD_SCAN_BLOCK>
+__device__ __forceinline__ void kd_block_scan(Load load, long long n, long long* out)
+{
+    kd_block_scan_range<Load, BLOCK>(load, 0, n, 0, out);
+}
+
+struct KdLoadArray {
+    const long long* a;
+    __device__ long long operator()(long long i) const { return a[i]; }
+};
+
+// The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
+// inclusive scan of n = E + 1 values is the exclusive scan of the events.
+struct KdLoadOpenClose {
+    const signed char* kind;
+    __device__ long long operator()(long long i) const
+    {
+        if (i == 0) return 0;
+        int k = kind[i - 1];
+        return (long long)(k != KD_EVENT_END) | ((long long)(k != KD_EVENT_START) << 32);
+    }
+};
+
+// Part 2: the SAH cost of the plane at every run head (rules R5-R7), where a
+// run is a maximal sequence of events at one position in one segment:
+//   N_L = opens before the run, N_P = planars in the run,
+//   N_R = N - closes up to the end of the run.
+// The run's end is found by a binary search in the segment's sorted positions
+// (one comparison for the usual run of one or two events).
+// planars(0..i) = opens(0..i) + closes(0..i) - i, since each event is exactly
+// one of END (closes), START (opens) or PLANAR (both).
+struct KdCostArgs {
+    const float* event_pos;
+    const int* event_seg;
+    const long long* open_close_ex;
+    const long long* seg_event_offset;
+    const long long* node_ref_offset;
+    const float* node_lo;
+    const float* node_hi;
+    long long num_nodes;
+    long long num_events;
+    long long leaf_size;
+    int level_active;
+    int longest_only;
+    double k_traversal, k_intersect, empty_bonus;
+    double* event_cost;
+    signed char* event_side;
+    unsigned long long* seg_min_cost;
+};
+
+// Event e's cost. Every lane of a warp must call it (e >= num_events for
+// lanes past the end): they take part in the segmented minimum at the end.
+__device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long long e)
+{
+    bool live = e < a.num_events;
+    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    signed char side = KD_SIDE_LEFT;
+    int seg = live ? a.event_seg[e] : -1;
+    if (live) {
+        int node = (int)(seg % a.num_nodes);
+        int axis = (int)(seg / a.num_nodes);
+        float p = a.event_pos[e];
+        float lo_k = a.node_lo[3 * node + axis];
+        float hi_k = a.node_hi[3 * node + axis];
+        long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
+        bool head = e == 0 || a.event_seg[e - 1] != seg || a.event_pos[e - 1] != p;
+        if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
+            && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
+            long long seg_start = a.seg_event_offset[seg];
+            long long seg_end = a.seg_event_offset[seg + 1];
+            long long run_end = e + 1;
+            if (run_end < seg_end && a.event_pos[run_end] == p) {
+                // positions in [e, seg_end) are >= p and sorted: the run is
+                // [e, b) with b the first index whose position exceeds p
+                long long lo = run_end, hi = seg_end;
+                while (hi - lo > 1) {
+                    long long m = lo + (hi - lo) / 2;
+                    if (a.event_pos[m] == p) lo = m; else hi = m;
+                }
+                run_end = hi;
+            }
+            long long oc_e = a.open_close_ex[e];
+            long long oc_s = a.open_close_ex[seg_start];
+            long long oc_r = a.open_close_ex[run_end];
+            long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+            long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+            long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+            long long n_planar = planar_r - planar_e;
+            long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+
+            double lo[3], ext[3];
+            for (int k = 0; k < 3; ++k) {
+                lo[k] = (double)a.node_lo[3 * node + k];
+                ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
+            }
+            double area = kd_half_area(ext[0], ext[1], ext[2]);
+            double ext_l[3] = {ext[0], ext[1], ext[2]};
+            double ext_r[3] = {ext[0], ext[1], ext[2]};
+            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+            double cost_l = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
+                                          area_r, area, n_left + n_planar, n_right);
+            double cost_r = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
+                                          area_r, area, n_left, n_right + n_planar);
+            if (cost_l <= cost_r) {
+                cost = cost_l;
+            } else {
+                cost = cost_r;
+                side = KD_SIDE_RIGHT;
+            }
+        }
+        a.event_cost[e] = cost;
+        a.event_side[e] = side;
+    }
+    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
+                                 a.seg_min_cost);
+}
+
+// Stage select_best_splits, arg-min: the lowest event index whose cost equals
+// its segment's minimum (lowest index = lowest position: rule R8's tie-break).
+// Every lane of a warp must call it (as kd_split_cost_event).
+__device__ __forceinline__ void kd_argmin_event(const double* event_cost, const int* event_seg,
+                                                const unsigned long long* seg_min_cost,
+                                                long long num_events,
+                                                unsigned long long* seg_best, long long e)
+{
+    bool live = e < num_events;
+    int seg = live ? event_seg[e] : -1;
+    unsigned long long key = KD_NO_INDEX;
+    if (live) {
+        unsigned long long bits = (unsigned long long)__double_as_longlong(event_cost[e]);
+        if (bits != KD_INF_BITS && bits == seg_min_cost[seg]) key = (unsigned long long)e;
+    }
+    kd_warp_segmented_atomic_min(key, seg, seg_best);
+}
+
+// Stage select_best_splits + decide_leaves, per node: the best of the three
+// axes' best planes (ties keep the lower axis), and whether to split (R4, R8).
+// Writes the packed (split, leaf triangle count) scan input after a leading 0.
+struct KdSelectArgs {
+    const unsigned long long* seg_best;
+    const double* event_cost;
+    const float* event_pos;
+    const signed char* event_side;
+    const long long* node_ref_offset;
+    long long num_nodes;
+    long long leaf_size;
+    int level_active;
+    double k_intersect;
+    double* best_cost;
+    signed char* best_axis;
+    float* best_pos;
+    signed char* best_side;
+    bool* node_split;
+    long long* split_leaf;  // (n + 1)
+};
+
+__device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long i)
+{
+    double cost = __longlong_as_double(0x7ff0000000000000ll);
+    int axis = 0;
+    long long ev = -1;
+    for (int k = 0; k < 3; ++k) {
+        unsigned long long best = a.seg_best[k * a.num_nodes + i];
+        if (best != KD_NO_INDEX) {
+            double c = a.event_cost[best];
+            if (c < cost) {
+                cost = c;
+                axis = k;
+                ev = (long long)best;
+            }
+        }
+    }
+    long long n_all = a.node_ref_offset[i + 1] - a.node_ref_offset[i];
+    bool split = kd_node_active(n_all, a.leaf_size, a.level_active) && ev >= 0
+                 && cost < __dmul_rn(a.k_intersect, (double)n_all);
+    a.best_cost[i] = cost;
+    a.best_axis[i] = (signed char)axis;
+    a.best_pos[i] = ev >= 0 ? a.event_pos[ev] : 0.0f;
+    a.best_side[i] = ev >= 0 ? a.event_side[ev] : (signed char)KD_SIDE_LEFT;
+    a.node_split[i] = split;
+    a.split_leaf[i + 1] = (long long)split | ((split ? 0ll : n_all) << 32);
+    if (i == 0) a.split_leaf[0] = 0;
+}
+
+// Stage classify_triangles (R9): the class bits of a reference (0 in a leaf).
+__device__ __forceinline__ unsigned char kd_classify(int tri, int node,
+                                                     const signed char* best_axis,
+                                                     const float* best_pos,
+                                                     const signed char* best_side,
+                                                     const bool* node_split,
+                                                     const float* tri_lo, const float* tri_hi)
+{
+    if (!node_split[node]) return 0;
+    int axis = best_axis[node];
+    float p = best_pos[node];
+    float a = tri_lo[3 * tri + axis];
+    float b = tri_hi[3 * tri + axis];
+    if (a == b && a == p)
+        return best_side[node] == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
+    if (a >= p) return KD_CLASS_RIGHT;
+    if (b <= p) return KD_CLASS_LEFT;
+    return KD_CLASS_BOTH;
+}
+
+__device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
+{
+    return (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
+}
+
+// Stages classify_triangles and route_events' flags in one launch over
+// max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
+// event i, which classifies its own reference again rather than wait for it.
+// Both scan inputs get a leading 0.
+struct KdClassifyArgs {
+    const int* ref_tri;
+    const int* ref_node;
+    const int* event_ref;
+    const signed char* best_axis;
+    const float* best_pos;
+    const signed char* best_side;
+    const bool* node_split;
+    const float* tri_lo;
+    const float* tri_hi;
+    long long num_refs, num_events;
+    unsigned char* ref_class;
+    long long* ref_lr;    // (R + 1)
+    long long* event_lr;  // (E + 1)
+};
+
+__device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long long i)
+{
+    if (i == 0) {
+        a.ref_lr[0] = 0;
+        a.event_lr[0] = 0;
+    }
+    if (i < a.num_refs) {
+        unsigned char cls = kd_classify(a.ref_tri[i], a.ref_node[i], a.best_axis, a.best_pos,
+                                        a.best_side, a.node_split, a.tri_lo, a.tri_hi);
+        a.ref_class[i] = cls;
+        a.ref_lr[i + 1] = kd_pack_lr(cls);
+    }
+    if (i < a.num_events) {
+        int ref = a.event_ref[i];
+        unsigned char cls = kd_classify(a.ref_tri[ref], a.ref_node[ref], a.best_axis,
+                                        a.best_pos, a.best_side, a.node_split, a.tri_lo,
+                                        a.tri_hi);
+        a.event_lr[i + 1] = kd_pack_lr(cls);
+    }
+}
+
+// Left child group of group g (a node, or a segment axis * n + node):
+// children of the r-th splitting node are 2r, 2r + 1 per axis block of 2S.
+__device__ __forceinline__ long long kd_child_group(long long g, long long num_nodes,
+                                                    const long long* split_leaf_ex,
+                                                    long long num_split)
+{
+    long long node = g % num_nodes;
+    long long axis = g / num_nodes;
+    long long rank = KD_LOW(split_leaf_ex[node]);
+    return axis * 2 * num_split + 2 * rank;
+}
+
+// Stage route_refs / route_events: sizes of the child groups, written after
+// a leading 0 so that a scan gives the child offsets. Item t < n is node t's
+// references (into child_ref_count); item t >= n is segment t - n's events.
+struct KdRouteArgs {
+    const long long* node_ref_offset;
+    const long long* ref_lr_ex;
+    const long long* seg_event_offset;
+    const long long* event_lr_ex;
+    const bool* node_split;
+    const long long* split_leaf_ex;
+    long long num_nodes;
+    long long* child_ref_count;    // (2n + 1), zeroed
+    long long* child_event_count;  // (6n + 1), zeroed
+};
+
+__device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t)
+{
+    bool refs = t < a.num_nodes;
+    long long g = refs ? t : t - a.num_nodes;
+    const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
+    const long long* lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
+    long long* child_count = refs ? a.child_ref_count : a.child_event_count;
+    long long node = g % a.num_nodes;
+    if (!a.node_split[node]) return;
+    long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+    long long c = kd_child_group(g, a.num_nodes, a.split_leaf_ex, num_split);
+    long long start = lr_ex[group_offset[g]], end = lr_ex[group_offset[g + 1]];
+    child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
+    child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
+}
+
+// The sizes the host needs for the next level, gathered for one read:
+// [splitting nodes, child refs, child events, leaf refs].
+__device__ __forceinline__ void kd_write_totals(const long long* split_leaf_ex,
+                                                const long long* child_ref_offset,
+                                                const long long* child_event_offset,
+                                                long long num_nodes, long long* totals)
+{
+    long long s = split_leaf_ex[num_nodes];
+    long long num_split = KD_LOW(s);
+    totals[0] = num_split;
+    totals[1] = child_ref_offset[2 * num_split];
+    totals[2] = child_event_offset[6 * num_split];
+    totals[3] = KD_HIGH(s);
+}
+
+// Stage emit_level: node records (R10). Children of the r-th splitting node are
+// tree nodes child_base + 2r, + 1; a leaf points at its triangles in leaf_tris.
+struct KdEmitArgs {
+    const bool* node_split;
+    const signed char* best_axis;
+    const float* best_pos;
+    const long long* split_leaf_ex;
+    const float* node_lo;
+    const float* node_hi;
+    long long num_nodes, level_base, leaf_ref_base;
+    signed char* out_axis;
+    float* out_split;
+    int* out_child;
+    int* out_count;
+    float* child_lo;
+    float* child_hi;
+};
+
+__device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
+{
+    if (i >= a.num_nodes) return;
+    long long s0 = a.split_leaf_ex[i], s1 = a.split_leaf_ex[i + 1];
+    long long o = a.level_base + i;
+    if (a.node_split[i]) {
+        int axis = a.best_axis[i];
+        float p = a.best_pos[i];
+        a.out_axis[o] = (signed char)axis;
+        a.out_split[o] = p;
+        a.out_child[o] = (int)(a.level_base + a.num_nodes + 2 * KD_LOW(s0));
+        a.out_count[o] = 0;
+        // Stage make_child_nodes: left = hi[axis] = p, right = lo[axis] = p.
+        long long c = 2 * KD_LOW(s0);
+        for (int k = 0; k < 3; ++k) {
+            float lo = a.node_lo[3 * i + k], hi = a.node_hi[3 * i + k];
+            a.child_lo[3 * c + k] = lo;
+            a.child_hi[3 * c + k] = k == axis ? p : hi;
+            a.child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
+            a.child_hi[3 * (c + 1) + k] = hi;
+        }
+    } else {
+        a.out_axis[o] = KD_AXIS_LEAF;
+        a.out_split[o] = 0.0f;
+        a.out_child[o] = (int)(a.leaf_ref_base + KD_HIGH(s0));
+        a.out_count[o] = (int)(KD_HIGH(s1) - KD_HIGH(s0));
+    }
+}
+
+// Stages split_refs and split_events in one launch over max(R, E) threads:
+// thread i moves reference i (stable compaction into the children, or into
+// the level's leaf list) and event i (into its child segments, order kept, no
+// re-sort). An event points at its reference's copy in the same child, whose
+// index the thread computes from the same scans as the reference's thread.
+__device__ __forceinline__ void kd_ref_destinations(long long r, int node,
+                                                    const long long* ref_lr_ex,
+                                                    const long long* node_ref_offset,
+                                                    const long long* split_leaf_ex,
+                                                    const long long* child_ref_offset,
+                                                    long long* dst_left, long long* dst_right)
+{
+    long long start = node_ref_offset[node];
+    long long child = 2 * KD_LOW(split_leaf_ex[node]);
+    long long lr_r = ref_lr_ex[r], lr_s = ref_lr_ex[start];
+    *dst_left = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
+    *dst_right = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
+}
+
+struct KdScatterArgs {
+    const int* ref_tri;
+    const int* ref_node;
+    const unsigned char* ref_class;
+    const long long* ref_lr_ex;
+    const long long* node_ref_offset;
+    const long long* split_leaf_ex;
+    const long long* child_ref_offset;
+    const float* event_pos;
+    const signed char* event_kind;
+    const int* event_ref;
+    const int* event_seg;
+    const long long* event_lr_ex;
+    const long long* seg_event_offset;
+    const long long* child_event_offset;
+    long long num_nodes, num_refs, num_events, leaf_ref_base;
+    int* leaf_tris;
+    int* child_tri;
+    int* child_node;
+    float* out_pos;
+    signed char* out_kind;
+    int* out_ref;
+    int* out_seg;
+};
+
+__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+{
+    if (i < a.num_refs) {
+        int node = a.ref_node[i];
+        int tri = a.ref_tri[i];
+        unsigned char cls = a.ref_class[i];
+        if (cls == 0) {
+            long long sl = a.split_leaf_ex[node];
+            a.leaf_tris[a.leaf_ref_base + KD_HIGH(sl) + (i - a.node_ref_offset[node])] = tri;
+        } else {
+            long long dl, dr;
+            kd_ref_destinations(i, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                                a.child_ref_offset, &dl, &dr);
+            int child = (int)(2 * KD_LOW(a.split_leaf_ex[node]));
+            if (cls & KD_CLASS_LEFT) {
+                a.child_tri[dl] = tri;
+                a.child_node[dl] = child;
+            }
+            if (cls & KD_CLASS_RIGHT) {
+                a.child_tri[dr] = tri;
+                a.child_node[dr] = child + 1;
+            }
+        }
+    }
+    if (i < a.num_events) {
+        int ref = a.event_ref[i];
+        unsigned char cls = a.ref_class[ref];
+        if (cls == 0) return;
+        int node = a.ref_node[ref];
+        long long rl, rr;
+        kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                            a.child_ref_offset, &rl, &rr);
+        int seg = a.event_seg[i];
+        long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+        long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
+        long long lr_e = a.event_lr_ex[i], lr_s = a.event_lr_ex[a.seg_event_offset[seg]];
+        float pos = a.event_pos[i];
+        signed char kind = a.event_kind[i];
+        if (cls & KD_CLASS_LEFT) {
+            long long dst = a.child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
+            a.out_pos[dst] = pos;
+            a.out_kind[dst] = kind;
+            a.out_ref[dst] = (int)rl;
+            a.out_seg[dst] = (int)child_seg;
+        }
+        if (cls & KD_CLASS_RIGHT) {
+            long long dst = a.child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
+            a.out_pos[dst] = pos;
+            a.out_kind[dst] = kind;
+            a.out_ref[dst] = (int)rr;
+            a.out_seg[dst] = (int)(child_seg + 1);
+        }
+    }
+}
