@@ -941,6 +941,11 @@ class _LoopState:
 
 
 _LOOP_BLOCK = 512  # KD_LOOP_BLOCK in cuda/build_loop.cu
+# Levels of up to this many events run in the level-loop kernel; larger ones
+# with one launch per stage, whose kernels, sized to the level, move memory
+# faster than the loop's fixed grid (measured on an H200: the loop wins up
+# to a few million events per level and loses about 20% at tens of millions).
+LOOP_MAX_EVENTS = 1 << 23
 _loop_kernel_cache = {}
 
 
@@ -1030,7 +1035,7 @@ def first_loop_capacity(num_events, num_refs):
 
 
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
-    """Run the level loop from ``state`` to the last level in cooperative launches.
+    """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
     The kernel ``kd_build_levels_grid`` calls the same stage functions as the
     launch-per-stage loop, level after level, with a grid barrier between
@@ -1039,7 +1044,9 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
     twenty allocations and one read per level. When a level's children (or
     its part of the tree) would not fit, the kernel stops before that level
     writes anything and says what it needs; the loop is launched again from
-    that level with buffers twice that size.
+    that level with buffers twice that size, or, when the level's children
+    would have more than ``LOOP_MAX_EVENTS`` events, returns that level to
+    the caller (who runs it with one launch per stage).
 
     Parameters
     ----------
@@ -1055,7 +1062,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
     Returns
     -------
     _LoopState
-        Done, with the sizes of every level.
+        Done, or the first level whose children are too large for the loop.
     """
     from .launch import launch
 
@@ -1063,9 +1070,11 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
     kernel, grid = loop
     pool = cp.get_default_memory_pool()
     cap_e, cap_r, cap_n, cap_tree = first_loop_capacity(state.events.size, state.refs.size)
-    out.reserve(cap_tree, cap_tree)
+    cap_e = max(state.events.size, min(cap_e, LOOP_MAX_EVENTS))
+    cap_r = max(state.refs.size, min(cap_r, LOOP_MAX_EVENTS // 3 + 1))
+    cap_n = max(state.nodes.size, cap_n)
+    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree)
     block_sum = cp.empty(3 * grid, dtype=np.int64)
-    launches = 0
     while True:
         ev, refs, nodes = state.events, state.refs, state.nodes
         levels, scratch = _level_buffers(cp, cap_e, cap_r, cap_n)
@@ -1078,10 +1087,11 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
                 i64(state.level), i64(state.level_base), i64(state.leaf_ref_base),
                 *levels, i64(cap_e), i64(cap_r), i64(cap_n), *scratch, block_sum,
                 *out.node, i64(out.node[0].shape[0]), out.leaf, i64(out.leaf.shape[0]),
-                i64(max_depth), i64(cfg.leaf_size), np.int32(cfg.axes == "longest"),
-                f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), status),
+                i64(LOOP_MAX_EVENTS), i64(max_depth), i64(cfg.leaf_size),
+                np.int32(cfg.axes == "longest"), f64(cfg.k_traversal), f64(cfg.k_intersect),
+                f64(cfg.empty_bonus), status),
                block=_LOOP_BLOCK)
-        launches += 1
+        state.launches += 1
         state.peak_bytes = max(state.peak_bytes, pool.used_bytes())
         with stage(xp=cp, description="read_level_counts"):
             # One read for all the levels of the launch.
@@ -1092,7 +1102,6 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
         state.level = level
         state.level_base = int(record[enc.LOOP_LEVEL_BASE])
         state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
-        state.launches = launches
         if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
             state.done = True
             return state
@@ -1107,37 +1116,181 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
             state.refs = RefSoA(tri[slot, :num_refs], node[slot, :num_refs])
             state.nodes = NodeSoA(lo[slot, :n], hi[slot, :n], ref_offset[slot, :n + 1],
                                   seg_offset[slot, :3 * n + 1])
-        cap_e = max(cap_e, 2 * int(record[enc.LOOP_NEED_EVENTS]))
+        need_events = int(record[enc.LOOP_NEED_EVENTS])
+        if need_events > LOOP_MAX_EVENTS:
+            return state
+        cap_e = max(cap_e, min(2 * need_events, LOOP_MAX_EVENTS))
         cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
         cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
                     2 * int(record[enc.LOOP_NEED_LEAF_REFS]))
 
 
+def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth):
+    """Run one level from ``state`` with one launch per stage (the kernels of
+    ``cuda/build.cu``) and one device-to-host read of four counts; every
+    other size is a host value, and arrays have the level's exact sizes.
+
+    Returns
+    -------
+    _LoopState
+        The next level, or done.
+    """
+    from .launch import launch
+
+    i64, f64 = np.int64, np.float64
+    events, refs, nodes = state.events, state.refs, state.nodes
+    n, num_refs, num_events = nodes.size, refs.size, events.size
+    level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
+    longest_only = np.int32(cfg.axes == "longest")
+    state.level_sizes.append((n, num_refs, num_events))
+    level_active = np.int32(level < max_depth)
+    # Small levels run the block-wide kernels: one launch per group of
+    # stages between grid-wide dependencies (launch overhead dominates them).
+    small = max(num_events, num_refs, 8 * n + 2) < _SMALL_LEVEL
+    # -- compute_split_costs (R5-R7)
+    open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
+    seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
+    seg_best = cp.empty(3 * n, dtype=np.uint64)
+    if small:
+        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), 256,
+               (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
+                seg_best))
+    else:
+        open_close = cp.empty(num_events + 1, dtype=np.int64)
+        launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
+               max(num_events, 3 * n),
+               (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
+                i64(3 * n), open_close, seg_min_cost, seg_best))
+        open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
+    event_cost = cp.empty(num_events, dtype=np.float64)
+    event_side = cp.empty(num_events, dtype=np.int8)
+    launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
+           (events.event_pos, events.event_seg, open_close_ex,
+            nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
+            i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
+            f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
+            event_side, seg_min_cost))
+    # -- select_best_splits (R8): the cost kernel left each segment's
+    # minimum cost; this pass finds its lowest event index.
+    launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
+           (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
+    best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
+                     node_axis=cp.empty(n, dtype=np.int8),
+                     node_pos=cp.empty(n, dtype=np.float32),
+                     node_side=cp.empty(n, dtype=np.int8))
+    node_split = cp.empty(n, dtype=bool)
+    split_leaf = cp.empty(n + 1, dtype=np.int64)
+    select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
+                   i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
+                   best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
+                   split_leaf)
+    # -- decide_leaves (R4, R8)
+    if small:
+        split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
+        launch("select_best_splits", _kernel("kd_small_select_scan"), 256,
+               select_args + (split_leaf_ex,))
+    else:
+        launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
+        split_leaf_ex = scan_inclusive_cuda(cp, split_leaf, "decide_leaves: scan")
+    # -- classify_triangles (R9) and the routing flags of the events
+    ref_class = cp.empty(num_refs, dtype=np.uint8)
+    ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
+    event_lr = cp.empty(num_events + 1, dtype=np.int64)
+    launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
+           (refs.ref_tri, refs.ref_node, events.event_ref, best.node_axis, best.node_pos,
+            best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
+            ref_class, ref_lr, event_lr))
+    # -- route_refs and route_events: where every copy goes
+    totals = cp.empty(4, dtype=np.int64)
+    if small:
+        ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
+        event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
+        child_count = cp.empty(8 * n + 2, dtype=np.int64)
+        child_offset = cp.empty(8 * n + 2, dtype=np.int64)
+        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+        child_ref_offset = child_offset[:2 * n + 1]
+        child_event_offset = child_offset[2 * n + 1:]
+        launch("route", _kernel("kd_small_route"), 256,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
+                ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
+                child_ref_offset, child_event_offset, totals))
+    else:
+        ref_lr_ex, event_lr_ex = scan_pair_cuda(cp, ref_lr, event_lr, "route: scans")
+        child_count = cp.zeros(8 * n + 2, dtype=np.int64)
+        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+        launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
+        child_ref_offset, child_event_offset = scan_pair_cuda(
+            cp, child_ref_count, child_event_count, "route: offset scans")
+        launch("read_level_counts", _kernel("kd_level_totals"), 1,
+               (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
+    with stage(xp=cp, description="read_level_counts"):
+        # The one deliberate device-to-host read per level: sizes of the next level.
+        num_split, num_child_refs, num_child_events, num_leaf_refs = (
+            int(c) for c in totals.get())
+    # -- emit_level (R10) and make_child_nodes
+    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+    child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
+    child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
+    launch("emit_level", _kernel("kd_emit_nodes"), n,
+           (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
+            nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.node,
+            child_lo, child_hi))
+    # -- split_refs and split_events (and the level's leaf lists)
+    child_tri = cp.empty(num_child_refs, dtype=np.int32)
+    child_node = cp.empty(num_child_refs, dtype=np.int32)
+    ev_pos = cp.empty(num_child_events, dtype=enc.EVENT_POS_DTYPE)
+    ev_kind = cp.empty(num_child_events, dtype=enc.EVENT_KIND_DTYPE)
+    ev_ref = cp.empty(num_child_events, dtype=np.int32)
+    ev_seg = cp.empty(num_child_events, dtype=np.int32)
+    launch("split_refs_and_events", _kernel("kd_scatter"), max(num_refs, num_events),
+           (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
+            split_leaf_ex, child_ref_offset, events.event_pos, events.event_kind,
+            events.event_ref, events.event_seg, event_lr_ex, nodes.seg_event_offset,
+            child_event_offset, i64(n), i64(num_refs), i64(num_events), i64(leaf_ref_base),
+            out.leaf, child_tri, child_node, ev_pos, ev_kind, ev_ref, ev_seg))
+    # Both levels' arrays are alive here: the build's high-water mark.
+    state.peak_bytes = max(state.peak_bytes, cp.get_default_memory_pool().used_bytes())
+    state.level_base = level_base + n
+    state.leaf_ref_base = leaf_ref_base + num_leaf_refs
+    state.level = level + 1
+    if num_split == 0:
+        state.done = True
+        return state
+    state.events = EventSoA(ev_pos, ev_kind, ev_ref, ev_seg)
+    state.refs = RefSoA(child_tri, child_node)
+    state.nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
+                          node_ref_offset=child_ref_offset[:2 * num_split + 1],
+                          seg_event_offset=child_event_offset[:6 * num_split + 1])
+    return state
+
+
 def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
-    """The level loop with the element-wise work of each stage fused into the
-    kernels of ``cuda/build.cu``.
+    """The level loop on the GPU, in the kernels of ``cuda/build_loop.cu``
+    and ``cuda/build.cu``.
 
     Same stages, same rules and same outputs as :func:`_build_levels`, which
     is these kernels' NumPy twin (the GPU tests compare the two).
 
-    ``loop="grid"`` runs the levels in the level-loop kernel
-    (:func:`build_levels_grid`, a few launches for the whole tree) where the
-    device can run cooperative launches; ``loop="stages"`` (and the
-    fallback) launches each stage, with one device-to-host read of four
-    counts per level (every other size is a host value).
+    ``loop="grid"`` runs levels of up to ``LOOP_MAX_EVENTS`` events in the
+    level-loop kernel (:func:`build_levels_grid`: a few launches for all of
+    them) where the device can run cooperative launches, and larger levels
+    with one launch per stage (:func:`build_level_stages`), where the launch
+    cost is small beside the work and kernels sized to the level move
+    memory faster. ``loop="stages"`` runs every level with one launch per
+    stage.
 
     Returns
     -------
     node_axis, node_split, node_child, node_count, leaf_tris : host arrays
     info : dict
-        levels, level_sizes, level_loop ("grid": the level-loop kernel,
-        "stages": one launch per stage), loop_launches, num_degenerate,
-        bounds, peak_device_bytes.
+        levels, level_sizes, level_loop ("grid" when the level-loop kernel
+        ran, else "stages"), loop_launches, num_degenerate, bounds,
+        peak_device_bytes.
     """
-    from .launch import launch
-
-    i64, f64 = np.int64, np.float64
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
     with stage(xp=cp, description="prepare_mesh"):
@@ -1154,147 +1307,19 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
         seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(axis_counts)]).astype(np.int64)),
     )
     state = _LoopState(events, refs, nodes)
-    out = _OutputBuffers(cp, 4 * num_root + 64, 4 * num_root + 64)
     grid_loop = level_loop_kernel(cp) if loop == "grid" else None
-    if grid_loop is not None:
-        state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop)
-        peak = max(peak, state.peak_bytes)
-    events, refs, nodes = state.events, state.refs, state.nodes
-    level_base = state.level_base
-    leaf_ref_base = state.leaf_ref_base
-    level = state.level
-    num_events = events.size
-    num_refs = refs.size
-    level_sizes = state.level_sizes
-    longest_only = np.int32(cfg.axes == "longest")
+    cap_tree = first_loop_capacity(events.size, num_root)[3]
+    out = _OutputBuffers(cp, cap_tree, cap_tree)
     while not state.done:
-        n = nodes.size
-        level_sizes.append((n, num_refs, num_events))
-        level_active = np.int32(level < max_depth)
-        # Small levels run the block-wide kernels: one launch per group of
-        # stages between grid-wide dependencies (launch overhead dominates them).
-        small = max(num_events, num_refs, 8 * n + 2) < _SMALL_LEVEL
-        # -- compute_split_costs (R5-R7)
-        open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
-        seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
-        seg_best = cp.empty(3 * n, dtype=np.uint64)
-        if small:
-            launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), 256,
-                   (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
-                    seg_best))
+        if grid_loop is not None and state.events.size <= LOOP_MAX_EVENTS:
+            state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop)
         else:
-            open_close = cp.empty(num_events + 1, dtype=np.int64)
-            launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
-                   max(num_events, 3 * n),
-                   (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
-                    i64(3 * n), open_close, seg_min_cost, seg_best))
-            open_close_ex = scan_inclusive_cuda(cp, open_close, "compute_split_costs: scan")
-        event_cost = cp.empty(num_events, dtype=np.float64)
-        event_side = cp.empty(num_events, dtype=np.int8)
-        launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-               (events.event_pos, events.event_seg, open_close_ex,
-                nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-                i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
-                f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
-                event_side, seg_min_cost))
-        # -- select_best_splits (R8): the cost kernel left each segment's
-        # minimum cost; this pass finds its lowest event index.
-        launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
-               (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
-        best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
-                         node_axis=cp.empty(n, dtype=np.int8),
-                         node_pos=cp.empty(n, dtype=np.float32),
-                         node_side=cp.empty(n, dtype=np.int8))
-        node_split = cp.empty(n, dtype=bool)
-        split_leaf = cp.empty(n + 1, dtype=np.int64)
-        select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
-                       i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
-                       best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
-                       split_leaf)
-        # -- decide_leaves (R4, R8)
-        if small:
-            split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
-            launch("select_best_splits", _kernel("kd_small_select_scan"), 256,
-                   select_args + (split_leaf_ex,))
-        else:
-            launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
-            split_leaf_ex = scan_inclusive_cuda(cp, split_leaf, "decide_leaves: scan")
-        # -- classify_triangles (R9) and the routing flags of the events
-        ref_class = cp.empty(num_refs, dtype=np.uint8)
-        ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
-        event_lr = cp.empty(num_events + 1, dtype=np.int64)
-        launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
-               (refs.ref_tri, refs.ref_node, events.event_ref, best.node_axis, best.node_pos,
-                best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
-                ref_class, ref_lr, event_lr))
-        # -- route_refs and route_events: where every copy goes
-        totals = cp.empty(4, dtype=np.int64)
-        if small:
-            ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
-            event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
-            child_count = cp.empty(8 * n + 2, dtype=np.int64)
-            child_offset = cp.empty(8 * n + 2, dtype=np.int64)
-            child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-            child_ref_offset = child_offset[:2 * n + 1]
-            child_event_offset = child_offset[2 * n + 1:]
-            launch("route", _kernel("kd_small_route"), 256,
-                   (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
-                    node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
-                    ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
-                    child_ref_offset, child_event_offset, totals))
-        else:
-            ref_lr_ex, event_lr_ex = scan_pair_cuda(cp, ref_lr, event_lr, "route: scans")
-            child_count = cp.zeros(8 * n + 2, dtype=np.int64)
-            child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-            launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
-                   (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
-                    node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
-            child_ref_offset, child_event_offset = scan_pair_cuda(
-                cp, child_ref_count, child_event_count, "route: offset scans")
-            launch("read_level_counts", _kernel("kd_level_totals"), 1,
-                   (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
-        with stage(xp=cp, description="read_level_counts"):
-            # The one deliberate device-to-host read per level: sizes of the next level.
-            num_split, num_child_refs, num_child_events, num_leaf_refs = (
-                int(c) for c in totals.get())
-        # -- emit_level (R10) and make_child_nodes
-        out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
-        child_lo = cp.empty((2 * num_split, 3), dtype=np.float32)
-        child_hi = cp.empty((2 * num_split, 3), dtype=np.float32)
-        launch("emit_level", _kernel("kd_emit_nodes"), n,
-               (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
-                nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.node,
-                child_lo, child_hi))
-        # -- split_refs and split_events (and the level's leaf lists)
-        child_tri = cp.empty(num_child_refs, dtype=np.int32)
-        child_node = cp.empty(num_child_refs, dtype=np.int32)
-        ev_pos = cp.empty(num_child_events, dtype=enc.EVENT_POS_DTYPE)
-        ev_kind = cp.empty(num_child_events, dtype=enc.EVENT_KIND_DTYPE)
-        ev_ref = cp.empty(num_child_events, dtype=np.int32)
-        ev_seg = cp.empty(num_child_events, dtype=np.int32)
-        launch("split_refs_and_events", _kernel("kd_scatter"), max(num_refs, num_events),
-               (refs.ref_tri, refs.ref_node, ref_class, ref_lr_ex, nodes.node_ref_offset,
-                split_leaf_ex, child_ref_offset, events.event_pos, events.event_kind,
-                events.event_ref, events.event_seg, event_lr_ex, nodes.seg_event_offset,
-                child_event_offset, i64(n), i64(num_refs), i64(num_events), i64(leaf_ref_base),
-                out.leaf, child_tri, child_node, ev_pos, ev_kind, ev_ref, ev_seg))
-        # Both levels' arrays are alive here: the build's high-water mark.
-        peak = max(peak, pool.used_bytes())
-        level_base += n
-        leaf_ref_base += num_leaf_refs
-        level += 1
-        if num_split == 0:
-            break
-        events = EventSoA(ev_pos, ev_kind, ev_ref, ev_seg)
-        refs = RefSoA(child_tri, child_node)
-        nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
-                        node_ref_offset=child_ref_offset[:2 * num_split + 1],
-                        seg_event_offset=child_event_offset[:6 * num_split + 1])
-        num_events = num_child_events
-        num_refs = num_child_refs
+            state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
+    peak = max(peak, state.peak_bytes)
     with stage(xp=cp, description="download"):
-        host = [a[:level_base].get() for a in out.node] + [out.leaf[:leaf_ref_base].get()]
-    info = {"levels": level, "level_sizes": level_sizes,
-            "level_loop": "grid" if grid_loop is not None else "stages",
+        host = ([a[:state.level_base].get() for a in out.node]
+                + [out.leaf[:state.leaf_ref_base].get()])
+    info = {"levels": state.level, "level_sizes": state.level_sizes,
+            "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return host, info

@@ -13,7 +13,8 @@
 // starts at s * its capacity). A level whose children, or whose part of the
 // tree, would not fit stops the loop before the level writes anything; the
 // status record says where it stopped and what it needs, and the host
-// launches again from that level with larger buffers.
+// launches again from that level with larger buffers (or, for children of
+// more than max_level_events events, runs that level one stage per launch).
 #include <cooperative_groups.h>
 
 #include "build_stages.cuh"
@@ -102,8 +103,8 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                      // the tree
                      signed char* out_axis, float* out_split, int* out_child, int* out_count,
                      long long cap_tree_nodes, int* leaf_tris, long long cap_leaf_refs,
-                     // settings
-                     long long max_depth, long long leaf_size, int longest_only,
+                     // settings: levels with more events are left to the host
+                     long long max_level_events, long long max_depth, long long leaf_size, int longest_only,
                      double k_traversal, double k_intersect, double empty_bonus,
                      long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
 {
@@ -199,7 +200,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_child_refs = child_ref_offset[2 * num_split];
         const long long num_child_events = child_event_offset[6 * num_split];
         const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
-                          && num_child_events <= cap_events && level_base + n <= cap_tree_nodes
+                          && num_child_events <= cap_events
+                          && num_child_events <= max_level_events
+                          && level_base + n <= cap_tree_nodes
                           && leaf_ref_base + num_leaf_refs <= cap_leaf_refs;
         if (!fits) {
             if (leader) {

@@ -231,6 +231,26 @@ def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed, mon
 
 
 @gpu
+@pytest.mark.parametrize("seed", range(0, 60, 3))
+def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed, monkeypatch):
+    # Levels above LOOP_MAX_EVENTS run one launch per stage; the build goes
+    # back to the level-loop kernel when levels shrink again.
+    rng = np.random.default_rng(3000 + seed)
+    V, F = (soup(rng, 400, scale=0.05), grid_soup(rng, 300), quads(rng, 60, True))[seed % 3]
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    reference = cpu_reference.build(V, F, cfg)
+    whole = kd.build(V, F, cfg, device="cuda")
+    sizes = [e for _, _, e in whole.build_info["level_sizes"]]
+    monkeypatch.setattr(builder, "LOOP_MAX_EVENTS", int(np.median(sizes)))
+    dirty_device_pool()
+    mixed = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(reference, mixed)
+    assert mixed.build_info["level_sizes"] == whole.build_info["level_sizes"]
+    if max(sizes) > builder.LOOP_MAX_EVENTS:
+        assert mixed.build_info["loop_launches"] >= 1
+
+
+@gpu
 @pytest.mark.parametrize("name", ["suzanne", "spot", "stanford_bunny"])
 def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path, monkeypatch):
     V, F = kd.load_mesh(mesh_path(name))
