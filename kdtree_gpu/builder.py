@@ -821,8 +821,11 @@ def scan_pair_cuda(cp, first, second, description):
     return out0, out1
 
 
+_prepare_init_cache = {}
+
+
 def prepare_mesh_cuda(cp, V, F):
-    """Rule R1 on the device: triangle boxes, degenerate test, root box.
+    """Rule R1 on the device: triangle boxes, degenerate test, the root level.
 
     Parameters
     ----------
@@ -832,8 +835,10 @@ def prepare_mesh_cuda(cp, V, F):
     Returns
     -------
     tri_lo, tri_hi : (num_triangles, 3) float32 (device)
-    ref_tri : (num_valid,) int32 (device)
-        The non-degenerate triangles, ascending.
+    refs : RefSoA
+        The root's references: the non-degenerate triangles, ascending.
+    nodes : NodeSoA
+        The root node (box and offsets; events per axis from ``planar``).
     bounds : (2, 3) float32 (host)
     planar : (3,) int (host)
         Valid triangles that are flat on each axis (one event instead of two).
@@ -847,25 +852,40 @@ def prepare_mesh_cuda(cp, V, F):
     F_d = cp.asarray(F)
     tri_lo = cp.empty((m, 3), dtype=np.float32)
     tri_hi = cp.empty((m, 3), dtype=np.float32)
-    valid = cp.empty(m, dtype=np.uint8)
-    summary = cp.asarray(_PREPARE_INIT)
+    valid = cp.empty(m, dtype=np.int64)
+    device = cp.cuda.Device().id
+    init = _prepare_init_cache.get(device)
+    if init is None:
+        init = _prepare_init_cache[device] = cp.asarray(_PREPARE_INIT)
+    summary = init.copy()
     launch("prepare_mesh", _kernel("kd_prepare_triangles"), m,
            (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, summary))
     # One deliberate read: problems, root box and event counts size everything after.
-    summary = summary.get()
-    if summary[0] != 0:
+    host = summary.get()
+    if host[0] != 0:
         validate_mesh(V, F)  # names the first bad vertex or face
         raise MeshError("invalid mesh (non-finite coordinates or out-of-range indices)")
-    num_valid = int(summary[1])
+    num_valid = int(host[1])
     if num_valid == 0:
         raise MeshError(f"all {m} triangles are degenerate (zero area); nothing to build")
-    ref_tri = cp.nonzero(valid)[0].astype(np.int32)
-    bits = summary[5:11].astype(np.uint32)
-    # Undo the order-preserving transform of kd_ordered_bits32.
+    bits = host[5:11].astype(np.uint32)
+    # Undo the order-preserving transform of kd_ordered_bits32 (as
+    # kd_float_from_ordered_bits32 does on the device).
     bits = np.where(bits & np.uint32(0x80000000), bits & np.uint32(0x7FFFFFFF), ~bits)
     bounds = bits.astype(np.uint32).view(np.float32).reshape(2, 3).copy()
-    planar = summary[2:5].astype(np.int64)
-    return tri_lo, tri_hi, ref_tri, bounds, planar, m - num_valid
+    planar = host[2:5].astype(np.int64)
+    # The root level: references numbered by a scan of the valid flags.
+    valid_scan = scan_inclusive_cuda(cp, valid, "prepare_mesh: number references")
+    refs = RefSoA(ref_tri=cp.empty(num_valid, dtype=np.int32),
+                  ref_node=cp.empty(num_valid, dtype=np.int32))
+    nodes = NodeSoA(node_lo=cp.empty((1, 3), dtype=np.float32),
+                    node_hi=cp.empty((1, 3), dtype=np.float32),
+                    node_ref_offset=cp.empty(2, dtype=np.int64),
+                    seg_event_offset=cp.empty(4, dtype=np.int64))
+    launch("prepare_mesh: root level", _kernel("kd_root_level"), m,
+           (valid_scan, np.int64(m), summary, refs.ref_tri, refs.ref_node, nodes.node_lo,
+            nodes.node_hi, nodes.node_ref_offset, nodes.seg_event_offset))
+    return tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
 
 
 def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar):
@@ -922,6 +942,29 @@ class _OutputBuffers:
     def reserve(self, num_nodes, num_leaf_refs):
         self.node = [self._grow(self.cp, a, num_nodes) for a in self.node]
         self.leaf = self._grow(self.cp, self.leaf, num_leaf_refs)
+
+    def download(self, num_nodes, num_leaf_refs):
+        """The tree's arrays on the host: packed into one device buffer, then
+        one device-to-host copy (one synchronization instead of five).
+
+        Returns
+        -------
+        list of numpy.ndarray
+            node_axis, node_split, node_child, node_count (num_nodes,) and
+            leaf_tris (num_leaf_refs,): views of one host buffer.
+        """
+        cp = self.cp
+        parts = [a[:num_nodes] for a in self.node] + [self.leaf[:num_leaf_refs]]
+        offsets, total = [], 0
+        for part in parts:
+            offsets.append(total)
+            total += (part.nbytes + 7) // 8 * 8  # keep every part 8-byte aligned
+        packed = cp.empty(total, dtype=np.uint8)
+        for part, offset in zip(parts, offsets):
+            packed[offset:offset + part.nbytes].view(part.dtype)[...] = part
+        host = packed.get()
+        return [host[offset:offset + part.nbytes].view(part.dtype)
+                for part, offset in zip(parts, offsets)]
 
 
 @dataclasses.dataclass
@@ -1294,18 +1337,11 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
     with stage(xp=cp, description="prepare_mesh"):
-        tri_lo, tri_hi, ref_tri, bounds, planar, num_degenerate = prepare_mesh_cuda(cp, V, F)
-    num_root = int(ref_tri.shape[0])
+        tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = prepare_mesh_cuda(cp, V, F)
+    num_root = refs.size
     max_depth = cfg.resolved_max_depth(num_root)
     with stage(xp=cp, description="create_root_events"):
-        events, axis_counts = create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar)
-    refs = RefSoA(ref_tri=ref_tri, ref_node=cp.zeros(num_root, dtype=np.int32))
-    nodes = NodeSoA(
-        node_lo=cp.asarray(bounds[0:1]),
-        node_hi=cp.asarray(bounds[1:2]),
-        node_ref_offset=cp.asarray(np.array([0, num_root], dtype=np.int64)),
-        seg_event_offset=cp.asarray(np.concatenate([[0], np.cumsum(axis_counts)]).astype(np.int64)),
-    )
+        events, _ = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
     state = _LoopState(events, refs, nodes)
     grid_loop = level_loop_kernel(cp) if loop == "grid" else None
     cap_tree = first_loop_capacity(events.size, num_root)[3]
@@ -1317,8 +1353,7 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
             state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
     peak = max(peak, state.peak_bytes)
     with stage(xp=cp, description="download"):
-        host = ([a[:state.level_base].get() for a in out.node]
-                + [out.leaf[:state.leaf_ref_base].get()])
+        host = out.download(state.level_base, state.leaf_ref_base)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}

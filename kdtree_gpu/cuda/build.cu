@@ -241,7 +241,7 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
 // Per triangle: box, zero-area test and validity of the input. Flags: bit 0 an
 // index out of range, bit 1 a non-finite coordinate (the host then names the
 // first problem with the same checks as geometry.validate_mesh); valid[t] is
-// set for triangles that enter the tree. -0.0 is folded into +0.0 as on the host.
+// 1 for triangles that enter the tree, else 0 (int64: its scan numbers them). -0.0 is folded into +0.0 as on the host.
 // The cross product of two edges is exact in float64 (differences of float32
 // values and their products are), so "zero" means exactly collinear points.
 // Summary slots (unsigned 64-bit, reset by the host to KD_PREPARE_INIT):
@@ -263,7 +263,7 @@ kd_prepare_triangles(const float* __restrict__ vertices,
                      long long num_triangles,
                      float* __restrict__ tri_lo,
                      float* __restrict__ tri_hi,
-                     unsigned char* __restrict__ valid,
+                     long long* __restrict__ valid,
                      unsigned long long* __restrict__ summary)
 {
     __shared__ unsigned int block_sum[KD_SUMMARY_SLOTS];
@@ -342,6 +342,47 @@ kd_prepare_triangles(const float* __restrict__ vertices,
     }
 }
 
+__device__ __forceinline__ float kd_float_from_ordered_bits32(unsigned int bits)
+{
+    return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
+}
+
+// The root level from the prepared mesh: reference r is the r-th valid
+// triangle (valid_scan is the inclusive scan of the valid flags), every
+// reference in node 0; thread 0 writes the root node's box and offsets from
+// the summary (segment k holds 2 events per reference, 1 for a triangle flat
+// on axis k).
+extern "C" __global__ void kd_root_level(const long long* __restrict__ valid_scan,
+                                         long long num_triangles,
+                                         const unsigned long long* __restrict__ summary,
+                                         int* __restrict__ ref_tri, int* __restrict__ ref_node,
+                                         float* __restrict__ node_lo,
+                                         float* __restrict__ node_hi,
+                                         long long* __restrict__ node_ref_offset,
+                                         long long* __restrict__ seg_event_offset)
+{
+    long long t = kd_tid();
+    if (t < num_triangles) {
+        long long r = valid_scan[t];
+        if (r != (t > 0 ? valid_scan[t - 1] : 0)) {
+            ref_tri[r - 1] = (int)t;
+            ref_node[r - 1] = 0;
+        }
+    }
+    if (t == 0) {
+        long long num_valid = (long long)summary[1];
+        node_ref_offset[0] = 0;
+        node_ref_offset[1] = num_valid;
+        seg_event_offset[0] = 0;
+        for (int k = 0; k < 3; ++k) {
+            node_lo[k] = kd_float_from_ordered_bits32((unsigned int)summary[5 + k]);
+            node_hi[k] = kd_float_from_ordered_bits32((unsigned int)summary[8 + k]);
+            seg_event_offset[k + 1] = seg_event_offset[k] + 2 * num_valid
+                                      - (long long)summary[2 + k];
+        }
+    }
+}
+
 // --- root events (rule R3) -----------------------------------------------------------
 
 // Per valid triangle reference r and axis k, two sort keys in slots 2r, 2r + 1
@@ -398,9 +439,7 @@ extern "C" __global__ void kd_root_events_decode(const unsigned long long* __res
     long long e = kd_tid();
     if (e >= count) return;
     unsigned long long key = keys[e];
-    unsigned int bits = (unsigned int)(key >> (KD_KEY_REF_BITS + 2));
-    bits = (bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits;
-    event_pos[e] = __uint_as_float(bits);
+    event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
     event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
     event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
     event_seg[e] = (int)(key >> 62);
