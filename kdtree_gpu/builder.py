@@ -1349,8 +1349,10 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
     while not state.done:
         if grid_loop is not None and state.events.size <= LOOP_MAX_EVENTS:
             state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop)
-        else:
-            state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
+            if state.done:
+                break
+            # The loop stopped at a level whose children are too large for it.
+        state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth)
     peak = max(peak, state.peak_bytes)
     with stage(xp=cp, description="download"):
         host = out.download(state.level_base, state.leaf_ref_base)
