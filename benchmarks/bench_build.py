@@ -120,18 +120,29 @@ STAGE_BYTES = {
 }
 
 
-def stage_bandwidth(profile, level_sizes):
-    """Achieved GB/s of the element-proportional stages (bytes estimated per element)."""
-    refs = sum(r for _, r, _ in level_sizes)
-    events = sum(e for _, _, e in level_sizes)
+def stage_bandwidth(profile, level_sizes, stage_levels):
+    """Achieved GB/s of the element-proportional stages (bytes estimated per
+    element), over the levels each ran: the per-stage kernels over the levels
+    run one launch per stage, the level-loop kernel (all stages) over the rest."""
+    staged = set(stage_levels)
+    stage_sizes = [s for i, s in enumerate(level_sizes) if i in staged]
+    loop_sizes = [s for i, s in enumerate(level_sizes) if i not in staged]
     out = {}
-    for name, (per_ref, per_event) in STAGE_BYTES.items():
+
+    def add(name, sizes, per_ref, per_event):
         rec = profile.get(name) if isinstance(profile, dict) else None
-        if not rec or not rec.get("total_ms"):
-            continue
+        if not sizes or not rec or not rec.get("total_ms"):
+            return
+        refs = sum(r for _, r, _ in sizes)
+        events = sum(e for _, _, e in sizes)
         gbytes = (refs * per_ref + events * per_event) / 1e9
         out[name] = {"ms": rec["total_ms"], "gbytes": gbytes,
                      "gbs": gbytes / (rec["total_ms"] * 1e-3)}
+
+    for name, (per_ref, per_event) in STAGE_BYTES.items():
+        add(name, stage_sizes, per_ref, per_event)
+    add("build_levels_grid", loop_sizes, sum(b[0] for b in STAGE_BYTES.values()),
+        sum(b[1] for b in STAGE_BYTES.values()))
     return out
 
 
@@ -153,7 +164,10 @@ def bench_mesh(spec, args, copy_gbs):
     row["profile"] = prof
     row["profile_table"] = tree.build_info["profile_table"]
     row["level_sizes"] = tree.build_info["level_sizes"]
-    row["stage_bandwidth"] = stage_bandwidth(prof, tree.build_info["level_sizes"])
+    row["stage_bandwidth"] = stage_bandwidth(prof, tree.build_info["level_sizes"],
+                                             tree.build_info["stage_levels"])
+    row["loop_launches"] = tree.build_info["loop_launches"]
+    row["stage_levels"] = len(tree.build_info["stage_levels"])
     stats = tree.stats()
     for key in ("nodes", "leaves", "empty_leaves", "max_depth", "refs_per_tri", "sah_cost"):
         row[key] = stats[key]
@@ -161,7 +175,8 @@ def bench_mesh(spec, args, copy_gbs):
         row["gpu_cold_ms"] = cold_build_ms(spec, args.mesh_dir)
     # The CPU reference on this machine's CPU (numba, one thread), compile excluded.
     if not args.no_cpu:
-        reps = 1 if big else args.cpu_repeats
+        # Small meshes build in milliseconds: more repeats for a stable median.
+        reps = 1 if big else (args.cpu_repeats if F.shape[0] > 50_000 else 5 * args.cpu_repeats)
         t = []
         ref = None
         for _ in range(reps):
@@ -195,12 +210,17 @@ def markdown(header, rows):
              f"({header['cpu_count']} cores; the CPU reference uses one), "
              f"device-to-device copy {header['copy_gbs']:.0f} GB/s.", "",
              "Warm: CUDA events around `kd.build` (host validation, upload, all levels, "
-             "download), median of repeats after a warm-up. Cold: first call in a fresh "
-             "process with an empty kernel cache (NVRTC compilation included).", "",
-             "| mesh | triangles | GPU warm ms | GPU cold ms | CPU reference ms | speed-up | "
-             "levels | nodes | leaves | refs/tri | SAH cost | same tree | peak MiB | "
-             "GTX 1070 (GAPT) ms | sah_kd_tree H200 ms |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|---:|"]
+             "download), median of repeats after a warm-up (range: fastest and slowest "
+             "repeat). Cold: first call in a fresh process with an empty kernel cache (NVRTC "
+             "compilation included). CPU reference: `cpu_reference.build` (numba, one "
+             "thread), median of repeats, compilation excluded. Loop launches: launches of "
+             "the level-loop kernel; stage levels: levels of more than "
+             "`LOOP_MAX_EVENTS` events, run one launch per stage.", "",
+             "| mesh | triangles | GPU warm ms | warm range ms | GPU cold ms | CPU reference ms "
+             "| speed-up | levels | loop launches | stage levels | nodes | leaves | refs/tri "
+             "| SAH cost | same tree | peak MiB | GTX 1070 (GAPT) ms | sah_kd_tree H200 ms |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:"
+             "|---:|---:|"]
     for r in rows:
         speed = (r["cpu_reference_ms"] / r["gpu_warm_ms"]) if r.get("cpu_reference_ms") else None
         gapt = GAPT_GTX1070_S.get(r["mesh"])
@@ -209,9 +229,13 @@ def markdown(header, rows):
         same_s = "-" if same is None else ("yes" if same else
                                            f"no (SAH rel diff {r.get('sah_cost_rel_diff', 0):.1e})")
         lines.append("| " + " | ".join([
-            r["mesh"], fmt(r["triangles"]), fmt(r["gpu_warm_ms"], 2), fmt(r.get("gpu_cold_ms"), 0),
-            fmt(r.get("cpu_reference_ms"), 0), fmt(speed, 1) + "x" if speed else "-",
-            fmt(r["levels"]), fmt(r["nodes"]), fmt(r["leaves"]), fmt(r["refs_per_tri"], 2),
+            r["mesh"], fmt(r["triangles"]), fmt(r["gpu_warm_ms"], 2),
+            f"{min(r['gpu_warm_all_ms']):.2f}-{max(r['gpu_warm_all_ms']):.2f}",
+            fmt(r.get("gpu_cold_ms"), 0),
+            fmt(r.get("cpu_reference_ms"), 1 if (r.get("cpu_reference_ms") or 0) < 100 else 0),
+            fmt(speed, 1) + "x" if speed else "-",
+            fmt(r["levels"]), fmt(r.get("loop_launches")), fmt(r.get("stage_levels")),
+            fmt(r["nodes"]), fmt(r["leaves"]), fmt(r["refs_per_tri"], 2),
             fmt(r["sah_cost"], 2), same_s, fmt(peak / 2**20, 0) if peak else "-",
             fmt(1000 * gapt, 0) if gapt else "-", fmt(SAH_KD_TREE_H200_MS.get(r["mesh"]), 1),
         ]) + " |")

@@ -988,6 +988,7 @@ class _LoopState:
     done: bool = False
     peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
     launches: int = 0  # launches of the level-loop kernel
+    stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
 
 
 _LOOP_BLOCK = 512  # KD_LOOP_BLOCK in cuda/build_loop.cu
@@ -1194,6 +1195,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth):
     level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
     longest_only = np.int32(cfg.axes == "longest")
     state.level_sizes.append((n, num_refs, num_events))
+    state.stage_levels.append(level)
     level_active = np.int32(level < max_depth)
     # Small levels run the block-wide kernels: one launch per group of
     # stages between grid-wide dependencies (launch overhead dominates them).
@@ -1338,8 +1340,8 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
     node_axis, node_split, node_child, node_count, leaf_tris : host arrays
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
-        ran, else "stages"), loop_launches, num_degenerate, bounds,
-        peak_device_bytes.
+        ran, else "stages"), loop_launches, stage_levels (the levels run with
+        one launch per stage), num_degenerate, bounds, peak_device_bytes.
     """
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
@@ -1365,5 +1367,6 @@ def _build_levels_cuda(cp, cfg, V, F, loop="grid"):
         host = out.download(state.level_base, state.leaf_ref_base)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
-            "loop_launches": state.launches, "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
+            "loop_launches": state.launches, "stage_levels": state.stage_levels,
+            "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return host, info
