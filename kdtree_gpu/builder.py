@@ -1071,17 +1071,18 @@ def _level_buffers(cp, cap_events, cap_refs, cap_nodes):
 def first_loop_capacity(num_events, num_refs):
     """Capacities of the level loop's first buffers, from the root's sizes.
 
-    Room for the events and references to grow fourfold (the first levels
-    grow by less than 2x each); levels seldom have more nodes than the root
-    has references; trees hold about 2-8 nodes and leaf entries per
-    triangle. A build that outgrows them costs one more launch.
+    Room for the events to grow fourfold and the references eightfold (the
+    first levels grow by less than 2x each, the last ones shed events into
+    leaves); levels seldom have more nodes than twice the root's references;
+    trees hold about 2-8 nodes and leaf entries per triangle. A build that
+    outgrows them costs one more launch.
 
     Returns
     -------
     cap_events, cap_refs, cap_nodes, cap_tree : int
         Events, references and nodes per level; tree nodes and leaf entries.
     """
-    return (4 * num_events + 4096, 4 * num_refs + 1024, num_refs + 1024,
+    return (4 * num_events + 4096, 8 * num_refs + 1024, 2 * num_refs + 1024,
             8 * num_refs + 256)
 
 
