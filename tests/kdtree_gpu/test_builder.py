@@ -262,6 +262,28 @@ def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path, monkeypatch):
 
 
 @gpu
+def test_gpu_without_cooperative_launch_every_level_runs_by_stages(monkeypatch):
+    # A device that cannot run cooperative launches gets no level-loop kernel.
+    V, F = soup(np.random.default_rng(5), 800)
+    monkeypatch.setattr(builder, "level_loop_kernel", lambda cp: None)
+    tree = kd.build(V, F, device="cuda")
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    info = tree.build_info
+    assert info["level_loop"] == "stages" and info["loop_launches"] == 0
+    assert info["stage_levels"] == list(range(info["levels"]))
+
+
+@gpu
+def test_gpu_level_loop_grid_fits_the_device():
+    import cupy
+
+    kernel, grid = builder.level_loop_kernel(cupy)
+    sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert grid % sms == 0 and grid >= sms
+    assert kernel.num_regs * builder._LOOP_BLOCK * (grid // sms) <= 65536
+
+
+@gpu
 @pytest.mark.parametrize("name", ["suzanne", "stanford_bunny"])
 def test_gpu_stage_launches_equal_reference_on_real_meshes(name, mesh_path):
     V, F = kd.load_mesh(mesh_path(name))
