@@ -73,6 +73,24 @@ __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
 }
 
+// Where the loop ended (encoding.LOOP_*): done, or stopped before `level`,
+// whose sizes are given and which lives in level buffer `buffer`.
+__device__ __forceinline__ void kd_write_loop_status(long long* status, long long state,
+                                                     long long level, long long n,
+                                                     long long num_refs, long long num_events,
+                                                     long long level_base,
+                                                     long long leaf_ref_base, int buffer)
+{
+    status[KD_LOOP_STATE] = state;
+    status[KD_LOOP_LEVEL] = level;
+    status[KD_LOOP_NODES] = n;
+    status[KD_LOOP_REFS] = num_refs;
+    status[KD_LOOP_EVENTS] = num_events;
+    status[KD_LOOP_LEVEL_BASE] = level_base;
+    status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+    status[KD_LOOP_BUFFER] = buffer;
+}
+
 // Pointers are neither const nor __restrict__ where an array is written by
 // one pass and read by a later pass of the same launch: such loads must not
 // go through the read-only cache.
@@ -206,14 +224,8 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                           && leaf_ref_base + num_leaf_refs <= cap_leaf_refs;
         if (!fits) {
             if (leader) {
-                status[KD_LOOP_STATE] = KD_LOOP_STOPPED;
-                status[KD_LOOP_LEVEL] = level;
-                status[KD_LOOP_NODES] = n;
-                status[KD_LOOP_REFS] = num_refs;
-                status[KD_LOOP_EVENTS] = num_events;
-                status[KD_LOOP_LEVEL_BASE] = level_base;
-                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
-                status[KD_LOOP_BUFFER] = cur;
+                kd_write_loop_status(status, KD_LOOP_STOPPED, level, n, num_refs, num_events,
+                                     level_base, leaf_ref_base, cur);
                 status[KD_LOOP_NEED_NODES] = 2 * num_split;
                 status[KD_LOOP_NEED_REFS] = num_child_refs;
                 status[KD_LOOP_NEED_EVENTS] = num_child_events;
@@ -250,13 +262,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         leaf_ref_base += num_leaf_refs;
         ++level;
         if (num_split == 0) {
-            if (leader) {
-                status[KD_LOOP_STATE] = KD_LOOP_DONE;
-                status[KD_LOOP_LEVEL] = level;
-                status[KD_LOOP_LEVEL_BASE] = level_base;
-                status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
-                status[KD_LOOP_BUFFER] = nxt;
-            }
+            if (leader)
+                kd_write_loop_status(status, KD_LOOP_DONE, level, 0, 0, 0, level_base,
+                                     leaf_ref_base, nxt);
             return;
         }
         grid.sync();
