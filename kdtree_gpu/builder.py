@@ -1061,7 +1061,6 @@ def _level_buffers(cp, cap_events, cap_refs, cap_nodes):
         empty(cap_refs, dtype=np.uint8),  # ref_class
         empty(cap_refs + 1, dtype=np.int64),  # ref_lr
         empty(cap_refs + 1, dtype=np.int64),  # ref_lr_ex
-        empty(cap_events + 1, dtype=np.int64),  # event_lr
         empty(cap_events + 1, dtype=np.int64),  # event_lr_ex
         empty(8 * cap_nodes + 2, dtype=np.int64),  # child_count
     )

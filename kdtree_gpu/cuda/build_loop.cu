@@ -73,6 +73,20 @@ __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
 }
 
+// The packed (left, right) flags of event i - 1, read from the class of its
+// reference, and 0 for i = 0: the scan input of route_events, computed as
+// the scan loads it. (The per-stage kernels classify each event's reference
+// again instead, to save a launch; here the references' classes are ready
+// after the barrier that ends classification.)
+struct KdLoadEventLR {
+    const int* event_ref;
+    const unsigned char* ref_class;
+    __device__ long long operator()(long long i) const
+    {
+        return i == 0 ? 0 : kd_pack_lr(ref_class[event_ref[i - 1]]);
+    }
+};
+
 // Where the loop ended (encoding.LOOP_*): done, or stopped before `level`,
 // whose sizes are given and which lives in level buffer `buffer`.
 __device__ __forceinline__ void kd_write_loop_status(long long* status, long long state,
@@ -116,7 +130,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                      float* best_pos, signed char* best_side, bool* node_split,
                      long long* split_leaf, long long* split_leaf_ex,
                      unsigned char* ref_class, long long* ref_lr, long long* ref_lr_ex,
-                     long long* event_lr, long long* event_lr_ex, long long* child_count,
+                     long long* event_lr_ex, long long* child_count,
                      long long* block_sum,  // (3, gridDim.x)
                      // the tree
                      signed char* out_axis, float* out_split, int* out_child, int* out_count,
@@ -183,22 +197,23 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         kd_grid_for(n, [&](long long i) { if (i < n) kd_select_node(select, i); });
         kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) child_count[i] = 0; });
         grid.sync();
-        // classify_triangles (R9) and the routing flags, beside the first
-        // half of the scan of the (split, leaf count) values
+        // classify_triangles (R9), beside the first half of the scan of the
+        // (split, leaf count) values
         KdClassifyArgs classify = {tri, node, ref, best_axis, best_pos, best_side, node_split,
                                    tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
-                                   event_lr};
-        kd_grid_for(num_items, [&](long long i) { kd_classify_item(classify, i); });
+                                   nullptr};
+        kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{split_leaf}, n + 1, sums0);
         grid.sync();
         // route_refs and route_events: the flag scans, the child counts and
         // the scans of the child counts into the children's offsets
         kd_grid_scan_finish(KdLoadArray{split_leaf}, n + 1, sums0, split_leaf_ex);
         kd_grid_scan_sums(KdLoadArray{ref_lr}, num_refs + 1, sums1);
-        kd_grid_scan_sums(KdLoadArray{event_lr}, num_events + 1, sums2);
+        const KdLoadEventLR event_lr = {ref, ref_class};
+        kd_grid_scan_sums(event_lr, num_events + 1, sums2);
         grid.sync();
         kd_grid_scan_finish(KdLoadArray{ref_lr}, num_refs + 1, sums1, ref_lr_ex);
-        kd_grid_scan_finish(KdLoadArray{event_lr}, num_events + 1, sums2, event_lr_ex);
+        kd_grid_scan_finish(event_lr, num_events + 1, sums2, event_lr_ex);
         grid.sync();
         KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex,
                              node_split, split_leaf_ex, n, child_ref_count, child_event_count};

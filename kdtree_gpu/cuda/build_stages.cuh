@@ -367,18 +367,22 @@ struct KdClassifyArgs {
     long long* event_lr;  // (E + 1)
 };
 
-__device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long long i)
+// Reference i only (ref_class, ref_lr).
+__device__ __forceinline__ void kd_classify_ref(const KdClassifyArgs& a, long long i)
 {
-    if (i == 0) {
-        a.ref_lr[0] = 0;
-        a.event_lr[0] = 0;
-    }
+    if (i == 0) a.ref_lr[0] = 0;
     if (i < a.num_refs) {
         unsigned char cls = kd_classify(a.ref_tri[i], a.ref_node[i], a.best_axis, a.best_pos,
                                         a.best_side, a.node_split, a.tri_lo, a.tri_hi);
         a.ref_class[i] = cls;
         a.ref_lr[i + 1] = kd_pack_lr(cls);
     }
+}
+
+__device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long long i)
+{
+    kd_classify_ref(a, i);
+    if (i == 0) a.event_lr[0] = 0;
     if (i < a.num_events) {
         int ref = a.event_ref[i];
         unsigned char cls = kd_classify(a.ref_tri[ref], a.ref_node[ref], a.best_axis,
