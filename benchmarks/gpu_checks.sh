@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU tests and (optionally) the GPU benchmarks on a CUDA machine.
 #
-#   bash benchmarks/gpu_checks.sh OUT_DIR [tests] [build] [primitives] [traversal] [render]
+#   bash benchmarks/gpu_checks.sh OUT_DIR [tests] [build] [level-loop] [primitives] [traversal] [render]
 #
 # Meshes: $KDTREE_GPU_MESH_DIR (default ./.meshes). Wheels of missing packages
 # (trimesh, warp-lang, embreex) may be placed in ./.whl and are installed into
@@ -17,8 +17,9 @@ fi
 export PYTHONPATH=$PWD:${PYTHONPATH:-}
 export KDTREE_GPU_MESH_DIR=${KDTREE_GPU_MESH_DIR:-$PWD/.meshes}
 export PYTHONUNBUFFERED=1
-# A copy of the tree without .git (a remote GPU machine) names its commit in .commit.
-export KDTREE_GPU_COMMIT=${KDTREE_GPU_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || cat .commit 2>/dev/null || echo unknown)}
+# A copy of the tree on a remote GPU machine names its commit in .commit (or
+# $KDTREE_GPU_COMMIT); a .git there may be stale, so it is asked last.
+export KDTREE_GPU_COMMIT=${KDTREE_GPU_COMMIT:-$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$out/gpu.txt"
 status=0
 for step in "${@:-tests}"; do
@@ -31,6 +32,7 @@ for step in "${@:-tests}"; do
     build-quick) python3 benchmarks/bench_build.py --out "$out" --no-cold --repeats 5 \
              --meshes cornell_box suzanne stanford_bunny stanford_armadillo stanford_armadillo@sub1 \
              2>&1 | tee "$out/bench_build.log" | grep -v '^|' | tail -30 ;;
+    level-loop) python3 benchmarks/bench_level_loop.py --mesh-dir "$KDTREE_GPU_MESH_DIR" --out "$out" 2>&1 | tail -20 ;;
     primitives) python3 benchmarks/bench_primitives.py --out "$out/primitives.json" 2>&1 | tail -30 ;;
     traversal) python3 benchmarks/bench_traversal.py --peers-dir .peers --out "$out" 2>&1 | tail -40 ;;
     traversal-check) python3 benchmarks/gpu_traversal_check.py --mesh-dir "$KDTREE_GPU_MESH_DIR" --out "$out" 2>&1 | tail -40 ;;

@@ -17,7 +17,13 @@ Havran's exact rules (the build rules R1-R10 in :mod:`cpu_reference`):
 * stop when a level has no node left.
 
 The same stage functions run on NumPy arrays (``device="cpu"``) and on CuPy
-arrays (``device="cuda"``); ``xp`` is the array module of the backend.
+arrays (``device="cuda"``, ``kernels="xp"``); ``xp`` is the array module of
+the backend. On the GPU the default runs their element-wise work in CUDA
+(device functions in ``cuda/build_stages.cuh``, one per stage), either all
+levels in one cooperative launch of the level-loop kernel
+(:func:`build_levels_grid`, ``cuda/build_loop.cu``) or, for levels too large
+for it and on devices without cooperative launch, one launch per stage
+(:func:`build_level_stages`, ``cuda/build.cu``).
 
 The three axes' events live in one array, ordered by segment, then position,
 kind and reference. A segment is one (axis, node) pair: ``seg = axis * n + node``
