@@ -1109,7 +1109,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop):
     ----------
     tri_lo, tri_hi : (num_triangles, 3) float32 (device)
     state : _LoopState
-        The level to start from (the root).
+        The level to start from: the root, or a level the per-stage loop
+        handed back.
     out : _OutputBuffers
         Grown when the tree outgrows it.
     max_depth : int
