@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from kdtree_gpu import primitives as P  # noqa: E402
-from kdtree_gpu.backend import device_memory_info, require_gpu  # noqa: E402
+from kdtree_gpu.device import device_memory_info, require_gpu  # noqa: E402
 
 
 def parse_size(text):

@@ -198,7 +198,7 @@ def environment() -> dict:
 
     info["commit"] = git_commit()
     try:
-        from kdtree_gpu.backend import device_memory_info, gpu_available
+        from kdtree_gpu.device import device_memory_info, gpu_available
 
         if gpu_available():
             import cupy

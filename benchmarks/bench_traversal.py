@@ -276,7 +276,7 @@ def markdown_table(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    from kdtree_gpu.backend import require_gpu
+    from kdtree_gpu.device import require_gpu
 
     require_gpu("bench_traversal.py")
     import cupy

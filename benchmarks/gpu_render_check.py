@@ -180,7 +180,7 @@ def render_images(checks: Checks, folder: Path, out: Path, spp: int) -> list:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from kdtree_gpu.backend import require_gpu
+    from kdtree_gpu.device import require_gpu
 
     require_gpu("benchmarks/gpu_render_check.py")
     out = Path(args.out)

@@ -334,7 +334,7 @@ def print_table(records):
 
 def main(argv=None):
     args = parse_args(argv)
-    from kdtree_gpu.backend import require_gpu
+    from kdtree_gpu.device import require_gpu
 
     require_gpu("gpu_traversal_check.py")
     rng = np.random.default_rng(args.seed)

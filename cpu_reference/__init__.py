@@ -10,7 +10,7 @@ Every builder in the project (this one, the naive one in
 :mod:`kdtree_gpu.builder`) follows these rules, so that under the same
 :class:`kdtree_gpu.SAHConfig` they make the same tree.
 
-R1  Input. ``kdtree_gpu.geometry.prepare_mesh`` validates the mesh. Zero-area
+R1  Input. ``kdtree_gpu.mesh.prepare_mesh`` validates the mesh. Zero-area
     triangles are left out. The root box is the union of the boxes of the
     remaining triangles; the root has depth 0.
 

@@ -9,7 +9,7 @@ An event ``(pos, kind, tri)`` is encoded as::
 set), so sorting the keys as unsigned integers orders events by position,
 then kind (``EVENT_END < EVENT_PLANAR < EVENT_START``), then triangle: the
 order of rule R3. Triangle indices fit in 28 bits because
-``kdtree_gpu.geometry.validate_mesh`` limits a mesh to ``2**31 // 8``
+``kdtree_gpu.mesh.validate_mesh`` limits a mesh to ``2**31 // 8``
 triangles. Positions must not be ``-0.0`` (the mesh validation and the
 clipping code never produce one) so that equal positions have equal bits.
 """

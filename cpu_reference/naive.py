@@ -16,7 +16,7 @@ import numpy as np
 
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import SAHConfig, box_half_area, leaf_cost, split_cost
-from kdtree_gpu.geometry import prepare_mesh
+from kdtree_gpu.mesh import prepare_mesh
 from kdtree_gpu.tree import KdTree
 
 from .clip import clip_child_box

@@ -30,7 +30,7 @@ import numpy as np
 from kdtree_gpu import config as cfg
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import SAHConfig
-from kdtree_gpu.geometry import prepare_mesh
+from kdtree_gpu.mesh import prepare_mesh
 from kdtree_gpu.tree import KdTree
 
 from .clip import POLY_BUFFER_SHAPE, clip_child_box_into
@@ -63,7 +63,7 @@ def build(vertices, faces, config=None) -> KdTree:
     Raises
     ------
     kdtree_gpu.MeshError
-        Bad input mesh (see :func:`kdtree_gpu.geometry.prepare_mesh`).
+        Bad input mesh (see :func:`kdtree_gpu.mesh.prepare_mesh`).
     TypeError
         ``config`` is not an :class:`SAHConfig`.
     """

@@ -14,7 +14,7 @@ explicitly (``device="cuda"``) or chosen by ``device="auto"`` when usable.
 from importlib import import_module
 
 from .config import SAHConfig
-from .geometry import MeshError
+from .mesh import MeshError
 from .tree import KdTree
 
 __version__ = "0.1.0"
@@ -25,10 +25,10 @@ _LAZY = {
     "build": ("kdtree_gpu.builder", "build"),
     "load_mesh": ("kdtree_gpu.mesh", "load_mesh"),
     "mesh_dir": ("kdtree_gpu.mesh", "mesh_dir"),
-    "load_tree": ("kdtree_gpu.tree_io", "load_tree"),
-    "TreeFileError": ("kdtree_gpu.tree_io", "TreeFileError"),
+    "load_tree": ("kdtree_gpu.tree", "load_tree"),
+    "TreeFileError": ("kdtree_gpu.tree", "TreeFileError"),
     "scenes": ("kdtree_gpu.scenes", None),
-    "gpu_available": ("kdtree_gpu.backend", "gpu_available"),
+    "gpu_available": ("kdtree_gpu.device", "gpu_available"),
     # not "render": that name is the kdtree_gpu.render module, which
     # ``from kdtree_gpu import render`` must keep returning
     "Renderer": ("kdtree_gpu.render", "Renderer"),

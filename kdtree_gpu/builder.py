@@ -40,9 +40,9 @@ from typing import Optional
 import numpy as np
 
 from . import encoding as enc
-from .backend import resolve_device
+from .device import resolve_device
 from .config import SAHConfig
-from .geometry import coerce_mesh, prepare_mesh
+from .mesh import coerce_mesh, prepare_mesh
 from .launch import stage
 from .primitives import exclusive_scan, segmented_argmin, upper_bound
 from .tree import KdTree
@@ -567,7 +567,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
     Raises
     ------
     MeshError
-        Invalid mesh (see ``kdtree_gpu.geometry.validate_mesh``).
+        Invalid mesh (see ``kdtree_gpu.mesh.validate_mesh``).
     NotImplementedError
         ``config.clip=True`` on the GPU.
     MemoryError
@@ -578,7 +578,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device: str 
         raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
     if kernels not in ("fused", "stages", "xp"):
         raise ValueError(f"kernels must be 'fused', 'stages' or 'xp', got {kernels!r}")
-    dev = resolve_device(device)
+    dev = resolve_device(device).kind
     vertices, faces = _as_mesh_arrays(vertices, faces)
     if cfg.clip:
         if dev == "cuda":
@@ -836,7 +836,7 @@ def prepare_mesh_cuda(cp, V, F):
     Parameters
     ----------
     V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
-        Host arrays from :func:`kdtree_gpu.geometry.coerce_mesh`.
+        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`.
 
     Returns
     -------
@@ -850,7 +850,7 @@ def prepare_mesh_cuda(cp, V, F):
         Valid triangles that are flat on each axis (one event instead of two).
     num_degenerate : int
     """
-    from .geometry import MeshError, validate_mesh
+    from .mesh import MeshError, validate_mesh
     from .launch import launch
 
     m = int(F.shape[0])

@@ -36,7 +36,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from .config import AXES_CHOICES, SAHConfig
-from .tree_io import json_default
+from .tree.io import json_default
 
 PROG = "kdtree-gpu"
 TREE_SUFFIX = ".kdt"
@@ -351,7 +351,7 @@ def describe_error(exc: BaseException) -> str:
         unwritable file, no GPU); for anything else the exception type and
         message with a hint to rerun with ``--debug``.
     """
-    from .geometry import MeshError
+    from .mesh import MeshError
 
     if isinstance(exc, (CliError, MeshError)):
         return str(exc)
@@ -363,7 +363,7 @@ def describe_error(exc: BaseException) -> str:
         if isinstance(exc, PermissionError) and target is not None:
             return f"permission denied: {target}"
         return f"{what}: {target}" if target is not None else what
-    tree_file_error = _optional_attr("kdtree_gpu.tree_io", "TreeFileError")
+    tree_file_error = _optional_attr("kdtree_gpu.tree", "TreeFileError")
     if tree_file_error is not None and isinstance(exc, tree_file_error):
         return str(exc)
     if isinstance(exc, (ValueError, RuntimeError, TypeError)) and str(exc):
@@ -374,9 +374,9 @@ def describe_error(exc: BaseException) -> str:
 
 def is_user_error(exc: BaseException) -> bool:
     """Whether ``exc`` is a mistake in the input rather than a failure of the program."""
-    from .geometry import MeshError
+    from .mesh import MeshError
 
-    tree_file_error = _optional_attr("kdtree_gpu.tree_io", "TreeFileError")
+    tree_file_error = _optional_attr("kdtree_gpu.tree", "TreeFileError")
     known = (CliError, MeshError, OSError) + ((tree_file_error,) if tree_file_error else ())
     return isinstance(exc, known)
 
@@ -638,16 +638,16 @@ def resolve_cli_device(choice: str) -> str:
     CliError
         ``gpu`` asked for and no GPU is usable (with the reason).
     """
-    from . import backend
+    from . import device as devices
 
     if choice == "cpu":
         return "cpu"
     if choice == "gpu":
-        if not backend.gpu_available():
-            raise CliError(f"--device gpu: no usable CUDA GPU ({backend.unavailable_reason()}); "
+        if not devices.gpu_available():
+            raise CliError(f"--device gpu: no usable CUDA GPU ({devices.unavailable_reason()}); "
                            "use --device cpu or auto")
         return "cuda"
-    return "cuda" if backend.gpu_available() else "cpu"
+    return "cuda" if devices.gpu_available() else "cpu"
 
 
 def pipeline_name(device: str) -> str:
@@ -695,7 +695,7 @@ def summarize_tree(tree) -> dict:
     -------
     dict
         At least ``triangles, degenerate, nodes, leaves, refs_per_tri,
-        sah_cost`` (see :func:`kdtree_gpu.tree_check.tree_stats`).
+        sah_cost`` (see :func:`kdtree_gpu.tree.check.tree_stats`).
     """
     return dict(tree.stats())
 
@@ -801,7 +801,7 @@ def cast_brute_force(vertices, faces, origins, directions, device: str):
 
 
 def _to_host(a):
-    from .backend import to_host
+    from .arrays import to_numpy as to_host
 
     return to_host(a)
 
@@ -923,7 +923,7 @@ def run_info(args) -> int:
     A file whose checksum does not match still has its header shown (settings,
     build facts, array shapes), with the mismatch, and the exit status is 1.
     """
-    from . import tree_io
+    from . import tree as tree_io
 
     path = Path(args.tree)
     if not path.exists():
@@ -933,7 +933,7 @@ def run_info(args) -> int:
     # a header that reads means the version is one this package reads
     header = tree_io.read_header(path)
     record = {"path": str(path), "bytes": path.stat().st_size,
-              "format_version": header.get("format_version", tree_io.FORMAT_VERSION)}
+              "format_version": header.get("format_version", tree_io.io.FORMAT_VERSION)}
     try:
         tree = tree_io.load_tree(path)
     except tree_io.TreeFileError as exc:
@@ -1003,7 +1003,7 @@ def run_verify(args) -> int:
     device = resolve_cli_device(args.device)
     item = _single_input(args.mesh)
     vertices, faces = load_input(item)
-    from .geometry import validate_mesh
+    from .mesh import validate_mesh
 
     vertices, faces = validate_mesh(vertices, faces)
     reasons, facts = [], {"mesh": str(item.path or item.label), "device": device,
@@ -1131,7 +1131,7 @@ def save_image(image, path: Path) -> None:
 def run_bench(args) -> int:
     """``kdtree-gpu bench``: build times and ray throughput in a table."""
     config = config_from_args(args)
-    from .backend import gpu_available
+    from .device import gpu_available
 
     available = {"gpu": gpu_available(), "numpy": True, "reference": True}
     if args.builders is None:
@@ -1168,11 +1168,11 @@ def run_bench(args) -> int:
 
 def describe_device() -> str:
     """The GPU's name, or why there is none."""
-    from . import backend
+    from . import device as devices
 
-    if not backend.gpu_available():
-        return f"CPU only: {backend.unavailable_reason()}"
-    return f"GPU: {backend.device_memory_info()['name']}"
+    if not devices.gpu_available():
+        return f"CPU only: {devices.unavailable_reason()}"
+    return f"GPU: {devices.device_name()}"
 
 
 def bench_scene_names() -> list:

@@ -179,7 +179,7 @@ def get_module(filename: str, options: Sequence[str] = (), name_expressions=None
     FileNotFoundError, ValueError
         See :func:`read_source`.
     """
-    from .backend import require_gpu
+    from .device import require_gpu
 
     require_gpu(f"compiling {filename}")
     import cupy
@@ -227,7 +227,7 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
     """
     if not name.startswith(KERNEL_PREFIX):
         raise ValueError(f"kernel names start with {KERNEL_PREFIX!r}, got {name!r} in {filename}")
-    from .backend import require_gpu
+    from .device import require_gpu
 
     require_gpu(f"kernel {name} of {filename}")
     import cupy

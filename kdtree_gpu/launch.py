@@ -366,6 +366,6 @@ def _use_events(xp) -> bool:
         return getattr(xp, "__name__", "") == "cupy"
     if "cupy" not in sys.modules:
         return False
-    from .backend import gpu_available
+    from .device import gpu_available
 
     return gpu_available()

@@ -1,4 +1,8 @@
-"""Loading triangle meshes from files (anything trimesh reads) and mesh objects.
+"""Triangle meshes: loading, names in the mesh folder, validation, preparation.
+
+Every builder, the ray oracles and the command line take their meshes from
+here, so all of them accept the same inputs, reject the same bad input with
+the same message and leave out the same degenerate triangles.
 
 Real meshes are not shipped with the package: bare names such as
 ``"stanford_bunny"`` are looked up in the folder named by the environment
@@ -13,15 +17,191 @@ from typing import Optional
 
 import numpy as np
 
-from .geometry import MeshError, validate_mesh
+from .arrays import to_numpy
 
 MESH_DIR_ENV = "KDTREE_GPU_MESH_DIR"
 # suffixes tried, in order, after a bare name that is not a file itself
-NAME_SUFFIXES = ("", ".ply", ".obj")
+MESH_SUFFIXES = (".ply", ".obj", ".off", ".stl", ".glb", ".gltf")
 
-__all__ = ["MeshError", "as_arrays", "load_mesh", "mesh_dir", "resolve_mesh_path"]
+__all__ = ["MeshError", "MESH_DIR_ENV", "MESH_SUFFIXES", "as_arrays", "coerce_mesh",
+           "degenerate_mask", "load_mesh", "mesh_dir", "prepare_mesh", "resolve_mesh_path",
+           "triangle_bounds", "validate_mesh"]
 
 
+class MeshError(ValueError):
+    """A mesh that cannot be built into a tree; the message names the problem."""
+
+
+def _as_array(x, name):
+    # NumPy, CuPy, PyTorch and anything numpy.asarray reads, on the host
+    try:
+        return to_numpy(x)
+    except Exception as exc:  # pragma: no cover - exotic objects
+        raise MeshError(f"{name} cannot be converted to an array: {exc}") from exc
+
+
+def coerce_mesh(vertices, faces):
+    """Shape, dtype and emptiness checks and conversion, without value checks.
+
+    The GPU builder checks the values (finite coordinates, indices in range)
+    on the device and calls :func:`validate_mesh` only to name a problem it
+    found. Non-int32 indices are range-checked here, since converting an
+    out-of-range int64 index to int32 would hide it.
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) float32
+        With -0.0 folded into +0.0.
+    faces : (num_triangles, 3) int32
+    """
+    V = _as_array(vertices, "vertices")
+    F = _as_array(faces, "faces")
+    _check_shapes(V, F)
+    if F.dtype != np.int32:
+        lo, hi = int(F.min()), int(F.max())
+        if lo < 0 or hi >= V.shape[0]:
+            validate_mesh(V, F)  # raises, naming the first bad face
+        F = F.astype(np.int32)
+    V32 = np.ascontiguousarray(V, dtype=np.float32) + np.float32(0.0)
+    return V32, np.ascontiguousarray(F, dtype=np.int32)
+
+
+def _check_shapes(V, F):
+    if V.ndim != 2 or V.shape[1] != 3:
+        raise MeshError(f"vertices must have shape (n, 3), got {V.shape}")
+    if F.ndim != 2 or F.shape[1] != 3:
+        raise MeshError(f"faces must have shape (m, 3) (triangles only), got {F.shape}")
+    if V.dtype.kind not in "fiu":
+        raise MeshError(f"vertices must be a float array, got dtype {V.dtype}")
+    if F.dtype.kind not in "iu":
+        if F.dtype.kind == "f" and F.size and np.all(np.isfinite(F)) and np.all(F == np.round(F)):
+            raise MeshError(f"faces must be an integer array, got dtype {F.dtype} "
+                            "(convert with faces.astype(np.int32))")
+        raise MeshError(f"faces must be an integer array, got dtype {F.dtype}")
+    if F.shape[0] == 0:
+        raise MeshError("empty mesh: faces has no triangles")
+    if V.shape[0] == 0:
+        raise MeshError("empty mesh: vertices has no points")
+    if F.shape[0] > np.iinfo(np.int32).max // 8:
+        raise MeshError(f"too many triangles for int32 indexing: {F.shape[0]}")
+
+
+def validate_mesh(vertices, faces):
+    """Check a triangle mesh and return it as contiguous float32 / int32 arrays.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) array_like of float
+        Finite coordinates. float32 is used as is; other float or integer
+        dtypes are converted (float64 is rounded to float32).
+    faces : (num_triangles, 3) array_like of int
+        Vertex indices in ``[0, num_vertices)``.
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+
+    Raises
+    ------
+    MeshError
+        Wrong shape or dtype, NaN or infinite coordinates, negative or
+        out-of-range indices, an empty mesh.
+    """
+    V = _as_array(vertices, "vertices")
+    F = _as_array(faces, "faces")
+    _check_shapes(V, F)
+    if V.dtype.kind == "f":
+        bad = ~np.isfinite(V)
+        if bad.any():
+            row = int(np.argwhere(bad)[0][0])
+            kind = "NaN" if np.isnan(V[row]).any() else "infinite"
+            raise MeshError(f"vertex {row} has a {kind} coordinate: {V[row].tolist()}")
+    # "+ 0" turns -0.0 into +0.0: event sorts compare bit patterns, and a
+    # negative zero would sort apart from a positive one at the same position.
+    V32 = np.ascontiguousarray(V, dtype=np.float32) + np.float32(0.0)
+    if V.dtype.kind == "f" and not np.all(np.isfinite(V32)):
+        row = int(np.argwhere(~np.isfinite(V32))[0][0])
+        raise MeshError(f"vertex {row} overflows float32: {V[row].tolist()}")
+    F64 = F.astype(np.int64, copy=False)
+    lo, hi = int(F64.min()), int(F64.max())
+    if lo < 0:
+        row = int(np.argwhere(F64 < 0)[0][0])
+        raise MeshError(f"face {row} has a negative vertex index: {F64[row].tolist()}")
+    if hi >= V.shape[0]:
+        row = int(np.argwhere(F64 >= V.shape[0])[0][0])
+        raise MeshError(
+            f"face {row} has vertex index {hi} out of range for {V.shape[0]} vertices: "
+            f"{F64[row].tolist()}"
+        )
+    return V32, np.ascontiguousarray(F64, dtype=np.int32)
+
+
+def triangle_bounds(vertices, faces):
+    """Axis-aligned box of every triangle.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+
+    Returns
+    -------
+    tri_lo, tri_hi : (num_triangles, 3) float32
+        Exact per-axis minimum and maximum of the three vertices.
+    """
+    P = vertices[faces]  # (m, 3 vertices, 3 axes)
+    return P.min(axis=1), P.max(axis=1)
+
+
+def degenerate_mask(vertices, faces):
+    """Triangles of zero area.
+
+    The cross product of two edges is computed in float64. Differences of
+    float32 values and products of those differences are exact in float64, so
+    the cross product is exactly zero if and only if the three float32 points
+    are collinear (or coincide).
+
+    Returns
+    -------
+    (num_triangles,) bool
+    """
+    P = vertices[faces].astype(np.float64)
+    e1 = P[:, 1] - P[:, 0]
+    e2 = P[:, 2] - P[:, 0]
+    c = np.cross(e1, e2)
+    return ~np.any(c != 0.0, axis=1)
+
+
+def prepare_mesh(vertices, faces):
+    """Validate a mesh and compute what every builder needs.
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+    tri_lo, tri_hi : (num_triangles, 3) float32
+        Triangle boxes (also for degenerate triangles; builders skip those).
+    valid : (num_triangles,) bool
+        False for zero-area triangles, which are left out of the tree.
+    bounds : (2, 3) float32
+        Union of the boxes of the valid triangles: the root node's box.
+
+    Raises
+    ------
+    MeshError
+        As :func:`validate_mesh`, and when every triangle is degenerate.
+    """
+    V, F = validate_mesh(vertices, faces)
+    tri_lo, tri_hi = triangle_bounds(V, F)
+    valid = ~degenerate_mask(V, F)
+    if not valid.any():
+        raise MeshError(f"all {F.shape[0]} triangles are degenerate (zero area); nothing to build")
+    bounds = np.stack([tri_lo[valid].min(axis=0), tri_hi[valid].max(axis=0)]).astype(np.float32)
+    return V, F, tri_lo, tri_hi, valid, bounds
+
+
+# --- files and names ----------------------------------------------------------
 def mesh_dir() -> Optional[Path]:
     """The mesh folder named by ``KDTREE_GPU_MESH_DIR``, or ``None`` when unset."""
     value = os.environ.get(MESH_DIR_ENV, "").strip()
@@ -32,8 +212,8 @@ def resolve_mesh_path(path_or_name) -> Path:
     """Find the file for a path or a bare mesh name.
 
     An existing path is used as is. A bare name (no folder part) is then
-    looked up in :func:`mesh_dir`, as given and with ``.ply`` and ``.obj``
-    appended.
+    looked up in :func:`mesh_dir`, as given and with each of
+    :data:`MESH_SUFFIXES` appended.
 
     Raises
     ------
@@ -47,7 +227,7 @@ def resolve_mesh_path(path_or_name) -> Path:
     is_bare_name = path.name == str(path_or_name) and path.name not in ("", ".", "..")
     folder = mesh_dir()
     if is_bare_name and folder is not None:
-        for suffix in NAME_SUFFIXES:
+        for suffix in ("",) + MESH_SUFFIXES:
             candidate = folder / (path.name + suffix)
             if candidate.is_file():
                 return candidate
@@ -91,7 +271,7 @@ def as_arrays(mesh_or_arrays):
     Raises
     ------
     MeshError
-        Not a triangle mesh, or invalid (see :func:`kdtree_gpu.geometry.validate_mesh`).
+        Not a triangle mesh, or invalid (see :func:`validate_mesh`).
     """
     try:
         import trimesh

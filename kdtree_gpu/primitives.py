@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .backend import get_xp
+from .arrays import get_xp
 from .launch import launch, stage
 
 REDUCE_OPS = ("sum", "min", "max")

@@ -259,7 +259,7 @@ def occluded(tree, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
 
 
 def _mesh_of(tree_or_vertices, faces):
-    from .geometry import validate_mesh
+    from .mesh import validate_mesh
 
     if faces is None:
         return tree_or_vertices.vertices, tree_or_vertices.faces

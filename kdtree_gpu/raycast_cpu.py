@@ -62,7 +62,7 @@ import numba
 import numpy as np
 
 from . import encoding as enc
-from .geometry import degenerate_mask
+from .mesh import degenerate_mask
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
 TRAVERSE_EPS = np.float32(2.0 ** -18)
@@ -300,7 +300,7 @@ def _stack_size(tree) -> int:
     cached = tree._device_cache.get("cpu_stack_size")
     if cached is not None and cached[0] is tree.node_axis:
         return cached[1]
-    from .tree_check import walk_levels
+    from .tree.check import walk_levels
 
     size = int(walk_levels(tree)[0].max()) + 1
     tree._device_cache["cpu_stack_size"] = (tree.node_axis, size)

@@ -32,7 +32,7 @@ import dataclasses
 import numpy as np
 
 from .config import MAX_DEPTH_CAP
-from .geometry import degenerate_mask, validate_mesh
+from .mesh import degenerate_mask, validate_mesh
 from .launch import launch
 
 TRAVERSE_SOURCE = "traverse.cu"
@@ -102,7 +102,7 @@ def tree_depth(tree) -> int:
     -------
     int
     """
-    from .tree_check import walk_levels
+    from .tree.check import walk_levels
 
     node_depth = walk_levels(tree)[0]
     return int(node_depth.max())

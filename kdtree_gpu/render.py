@@ -80,7 +80,7 @@ from typing import Optional
 
 import numpy as np
 
-from .backend import resolve_device
+from .device import resolve_device
 from .encoding import NO_HIT
 from .render_image import save_png, tonemap  # noqa: F401  (public API of this module)
 from .render_scene import (Camera, RenderScene, SceneError, as_render_scene, light_tables,  # noqa: F401
@@ -1394,7 +1394,7 @@ class Renderer:
             raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
         if not (isinstance(ray_epsilon, (int, float)) and 0 <= ray_epsilon < 1):
             raise ValueError(f"ray_epsilon must be a number in [0, 1), got {ray_epsilon!r}")
-        self.device = resolve_device(device)
+        self.device = resolve_device(device).kind
         self.scene = as_render_scene(scene_or_mesh, camera=camera)
         self.accel = accel
         self.kernels = kernels if self.device == "cuda" else "xp"

@@ -9,7 +9,7 @@ import zlib
 
 import numpy as np
 
-from .tree_io import default_file_mode
+from .atomic import default_file_mode
 
 TONEMAP_CHOICES = ("clamp", "reinhard")
 

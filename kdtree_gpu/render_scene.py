@@ -27,7 +27,7 @@ from typing import Optional
 
 import numpy as np
 
-from .geometry import validate_mesh
+from .mesh import validate_mesh
 
 # Rec. 709 luminance weights: the light-selection power of an RGB emitter.
 LUMINANCE_WEIGHTS = np.array([0.2126, 0.7152, 0.0722], dtype=np.float64)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import numpy as np
 
-from .geometry import validate_mesh
+from .mesh import validate_mesh
 
 
 @dataclasses.dataclass(frozen=True)

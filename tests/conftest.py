@@ -10,7 +10,7 @@ import pytest
 
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import SAHConfig
-from kdtree_gpu.geometry import prepare_mesh
+from kdtree_gpu.mesh import prepare_mesh
 from kdtree_gpu.tree import KdTree
 
 # the mesh folder that sits beside the checkout, where there is one

@@ -11,7 +11,7 @@ from cpu_reference.events import decode_event_keys, encode_event_keys, sort_even
 from kdtree_gpu import KdTree, MeshError, SAHConfig
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import split_cost
-from kdtree_gpu.geometry import prepare_mesh
+from kdtree_gpu.mesh import prepare_mesh
 
 END, PLANAR, START = enc.EVENT_END, enc.EVENT_PLANAR, enc.EVENT_START
 

@@ -13,7 +13,7 @@ import cpu_reference
 from cpu_reference import naive
 import kdtree_gpu as kd
 from kdtree_gpu import SAHConfig, builder
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 REAL_MESHES = ["cornell_box", "suzanne", "spot", "teapot", "stanford_bunny", "sponza_dabrovic",
                "happy_buddha_100k", "lucy_100k", "stanford_dragon_res2", "stanford_armadillo",

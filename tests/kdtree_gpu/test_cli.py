@@ -20,7 +20,7 @@ import pytest
 
 import kdtree_gpu
 from kdtree_gpu import cli
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ import re
 import pytest
 
 from kdtree_gpu import encoding, kernels
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from kdtree_gpu import launch as L
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
 

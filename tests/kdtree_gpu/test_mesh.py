@@ -5,7 +5,7 @@ import pytest
 import trimesh
 
 import kdtree_gpu as kd
-from kdtree_gpu.geometry import MeshError
+from kdtree_gpu.mesh import MeshError
 from kdtree_gpu.mesh import as_arrays, load_mesh, mesh_dir
 
 

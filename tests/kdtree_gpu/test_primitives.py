@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from kdtree_gpu import primitives as P
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")

@@ -17,7 +17,7 @@ import pytest
 
 from kdtree_gpu import kernels
 from kdtree_gpu import raycast_gpu as rg
-from kdtree_gpu.backend import gpu_available
+from kdtree_gpu.device import gpu_available
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")

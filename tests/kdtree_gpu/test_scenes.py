@@ -5,8 +5,8 @@ import pytest
 import trimesh
 
 from kdtree_gpu import scenes
-from kdtree_gpu.geometry import degenerate_mask, prepare_mesh
-from kdtree_gpu.tree_check import check_tree
+from kdtree_gpu.mesh import degenerate_mask, prepare_mesh
+from kdtree_gpu.tree.check import check_tree
 
 ALL_SCENES = [
     ("cornell", {}),

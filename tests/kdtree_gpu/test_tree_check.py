@@ -1,4 +1,4 @@
-"""Tests of kdtree_gpu.tree_check: statistics and invariants."""
+"""Tests of kdtree_gpu.tree.check: statistics and invariants."""
 
 import copy
 
@@ -8,7 +8,7 @@ import pytest
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.tree import KdTree
-from kdtree_gpu.tree_check import check_tree, tree_stats
+from kdtree_gpu.tree.check import check_tree, tree_stats
 
 L = enc.AXIS_LEAF
 

@@ -1,4 +1,4 @@
-"""Tests of kdtree_gpu.tree_io: tree files."""
+"""Tests of kdtree_gpu.tree.io: tree files."""
 
 import os
 import stat
@@ -7,9 +7,11 @@ import numpy as np
 import pytest
 
 import kdtree_gpu as kd
-from kdtree_gpu import tree_io
+from kdtree_gpu import atomic
 from kdtree_gpu.config import SAHConfig
-from kdtree_gpu.tree_io import TreeFileError, load_tree, save_tree
+from kdtree_gpu.tree import TreeFileError, load_tree
+from kdtree_gpu.tree import io as tree_io
+from kdtree_gpu.tree.io import save_tree
 
 
 @pytest.fixture
@@ -144,7 +146,7 @@ def test_failed_rename_leaves_no_temp_file(tree, tmp_path, monkeypatch):
     def failing_replace(src, dst):
         raise OSError("rename refused")
 
-    monkeypatch.setattr(tree_io.os, "replace", failing_replace)
+    monkeypatch.setattr(atomic.os, "replace", failing_replace)
     with pytest.raises(OSError, match="rename refused"):
         save_tree(tree, path)
     assert os.listdir(tmp_path) == []
@@ -161,7 +163,7 @@ def test_saved_file_has_the_umask_mode(tree, tmp_path, umask):
     path = tmp_path / "tree.kdt"
     old_umask = os.umask(umask)
     try:
-        assert tree_io.default_file_mode() == 0o666 & ~umask
+        assert atomic.default_file_mode() == 0o666 & ~umask
         save_tree(tree, path)
         path.chmod(0o600)  # an existing file's mode is replaced, not kept
         save_tree(tree, path)

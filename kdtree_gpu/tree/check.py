@@ -11,9 +11,9 @@ import math
 
 import numpy as np
 
-from . import encoding as enc
-from .config import box_half_area
-from .geometry import degenerate_mask, triangle_bounds
+from .. import encoding as enc
+from ..config import box_half_area
+from ..mesh import degenerate_mask, triangle_bounds
 
 _AXIS_NAMES = "xyz"
 

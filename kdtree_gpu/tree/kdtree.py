@@ -13,8 +13,11 @@ from typing import Optional
 
 import numpy as np
 
-from . import encoding as enc
-from .config import SAHConfig
+from .. import encoding as enc
+from ..config import SAHConfig
+from .check import check_tree, tree_stats
+from .compare import compare_trees
+from .io import TreeFileError, read_tree_file, save_tree
 
 
 @dataclasses.dataclass(eq=False)
@@ -98,23 +101,19 @@ class KdTree:
         """(num_nodes, 2) int32: the 8-byte traversal layout (see ``encoding``)."""
         return enc.pack_nodes(self.node_axis, self.node_split, self.node_child, self.node_count)
 
-    # --- statistics, invariants (tree_check), comparison (tree_compare) ---------
+    # --- statistics, invariants (check), comparison (compare) ---------------
     def stats(self) -> dict:
         """Statistics: nodes, leaves, empty leaves, depths, references, SAH cost.
 
-        See :func:`kdtree_gpu.tree_check.tree_stats`.
+        See :func:`kdtree_gpu.tree.check.tree_stats`.
         """
-        from .tree_check import tree_stats
-
         return tree_stats(self)
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first violated invariant.
 
-        See :func:`kdtree_gpu.tree_check.check_tree`.
+        See :func:`kdtree_gpu.tree.check.check_tree`.
         """
-        from .tree_check import check_tree
-
         check_tree(self)
 
     def compare(self, other: "KdTree", atol_split: float = 0.0) -> Optional[str]:
@@ -126,15 +125,11 @@ class KdTree:
             ``None`` when the trees are identical, else a description of the
             first difference (with the path from the root).
         """
-        from .tree_compare import compare_trees
-
         return compare_trees(self, other, atol_split=atol_split)
 
-    # --- files (kdtree_gpu.tree_io) ------------------------------------------
+    # --- files (kdtree_gpu.tree.io) ------------------------------------------
     def save(self, path) -> None:
-        """Write the tree to one file atomically (see :mod:`kdtree_gpu.tree_io`)."""
-        from .tree_io import save_tree
-
+        """Write the tree to one file atomically (see :mod:`kdtree_gpu.tree.io`)."""
         save_tree(self, path)
 
     # --- ray queries -----------------------------------------------------------
@@ -160,7 +155,7 @@ class KdTree:
         u, v : (num_rays,) float32
             Barycentrics of the hit (point = (1-u-v) v0 + u v1 + v v2).
         """
-        from .raycast import intersect
+        from ..raycast import intersect
 
         return intersect(self, origins, directions, tmin, tmax, device=device)
 
@@ -171,6 +166,39 @@ class KdTree:
         -------
         (num_rays,) bool
         """
-        from .raycast import occluded
+        from ..raycast import occluded
 
         return occluded(self, origins, directions, tmin, tmax, device=device)
+
+
+def load_tree(path, check: bool = False) -> KdTree:
+    """Read a tree written by :meth:`KdTree.save`.
+
+    Parameters
+    ----------
+    path : str or os.PathLike
+    check : bool
+        Also run :meth:`KdTree.check` on the result.
+
+    Returns
+    -------
+    KdTree
+
+    Raises
+    ------
+    FileNotFoundError
+        No such file.
+    TreeFileError
+        Not a tree file, unsupported version, truncated file, checksum
+        mismatch, or a header that does not describe a tree.
+    """
+    header, arrays = read_tree_file(path)
+    try:
+        config = SAHConfig.from_dict(header["config"])
+        tree = KdTree(**arrays, config=config, num_degenerate=header["num_degenerate"],
+                      build_info=header.get("build_info") or {})
+    except (KeyError, TypeError, ValueError) as exc:
+        raise TreeFileError(f"{path}: the header does not describe a valid tree: {exc}") from None
+    if check:
+        tree.check()
+    return tree

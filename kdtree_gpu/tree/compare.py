@@ -6,7 +6,7 @@ from typing import Optional
 
 import numpy as np
 
-from .encoding import AXIS_LEAF
+from ..encoding import AXIS_LEAF
 
 _AXIS_NAMES = "xyz"
 

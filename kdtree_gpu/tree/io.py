@@ -20,10 +20,10 @@ The JSON header holds ``config`` (:meth:`SAHConfig.to_dict`),
 of :data:`ARRAY_NAMES` its ``name``, ``dtype`` (NumPy string such as
 ``"<f4"``), ``shape``, ``offset`` and ``nbytes``.
 
-Saving is atomic: the file is written to a temporary file in the same folder,
-flushed to disk, then renamed over the target, so an interrupted or failed
-save never leaves a partial file and never damages an existing one. The saved
-file gets the mode a plain ``open()`` would give it (``0o666`` less the umask).
+Saving is atomic (:func:`kdtree_gpu.atomic.atomic_write`): an interrupted or
+failed save never leaves a partial file and never damages an existing one.
+This module knows the file format only; :func:`kdtree_gpu.tree.load_tree`
+turns what :func:`read_tree_file` returns into a ``KdTree``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,11 @@ import hashlib
 import json
 import os
 import struct
-import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from .config import SAHConfig
-from .tree import KdTree
+from ..atomic import atomic_write
 
 MAGIC = b"KDTGPU\r\n"
 FORMAT_VERSION = 1
@@ -87,12 +85,14 @@ def _write_all(f, hasher, data) -> None:
     f.write(data)
 
 
-def save_tree(tree: KdTree, path) -> None:
+def save_tree(tree, path) -> None:
     """Write a tree to ``path`` atomically (see the module docstring).
 
     Parameters
     ----------
     tree : KdTree
+        Anything with the attributes named in :data:`ARRAY_NAMES`, ``config``,
+        ``num_degenerate`` and ``build_info``.
     path : str or os.PathLike
         Target file; an existing file is replaced only once the new one is
         complete on disk.
@@ -102,7 +102,6 @@ def save_tree(tree: KdTree, path) -> None:
     OSError
         The folder does not exist or cannot be written; nothing is left behind.
     """
-    path = Path(path)
     arrays = {name: np.ascontiguousarray(getattr(tree, name), dtype=_ARRAY_DTYPES[name])
               for name in ARRAY_NAMES}
     entries, offset = [], 0
@@ -120,68 +119,15 @@ def save_tree(tree: KdTree, path) -> None:
     }
     header_bytes = json.dumps(header, default=json_default, sort_keys=True).encode("utf-8")
     prefix = _PREFIX.pack(MAGIC, FORMAT_VERSION, len(header_bytes))
-
-    fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            hasher = hashlib.sha256()
-            _write_all(f, hasher, prefix)
-            _write_all(f, hasher, header_bytes)
-            _write_all(f, hasher, bytes(_pad(len(prefix) + len(header_bytes))))
-            for a in arrays.values():
-                _write_all(f, hasher, memoryview(a).cast("B"))
-                _write_all(f, hasher, bytes(_pad(a.nbytes)))
-            f.write(hasher.digest())
-            f.flush()
-            os.fsync(f.fileno())
-        # mkstemp creates the file with mode 0600
-        os.chmod(tmp_name, default_file_mode())
-        os.replace(tmp_name, path)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-    _fsync_folder(path.parent)
-
-
-def default_file_mode() -> int:
-    """The mode a plain ``open(path, "w")`` gives a new file: ``0o666`` less the umask.
-
-    Atomic writes go through :func:`tempfile.mkstemp`, which creates the file
-    with mode ``0o600``; they chmod it to this mode before the rename.
-    """
-    return 0o666 & ~_current_umask()
-
-
-def _current_umask() -> int:
-    # Linux reports the umask without changing it; elsewhere it can only be
-    # read by setting it (process-wide, so for the shortest possible time)
-    try:
-        with open("/proc/self/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o077)
-    os.umask(mask)
-    return mask
-
-
-def _fsync_folder(folder: Path) -> None:
-    # make the rename itself durable; not possible on every platform
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+    with atomic_write(path) as f:
+        hasher = hashlib.sha256()
+        _write_all(f, hasher, prefix)
+        _write_all(f, hasher, header_bytes)
+        _write_all(f, hasher, bytes(_pad(len(prefix) + len(header_bytes))))
+        for a in arrays.values():
+            _write_all(f, hasher, memoryview(a).cast("B"))
+            _write_all(f, hasher, bytes(_pad(a.nbytes)))
+        f.write(hasher.digest())
 
 
 def read_header(path) -> dict:
@@ -221,18 +167,19 @@ def _parse_header(path, head, read):
     return header, payload_start
 
 
-def load_tree(path, check: bool = False) -> KdTree:
-    """Read a tree written by :func:`save_tree`.
+def read_tree_file(path):
+    """Read and verify a file written by :func:`save_tree`.
 
     Parameters
     ----------
     path : str or os.PathLike
-    check : bool
-        Also run :func:`kdtree_gpu.tree_check.check_tree` on the result.
 
     Returns
     -------
-    KdTree
+    header : dict
+        The JSON header.
+    arrays : dict
+        ``{name: numpy.ndarray}``, every name of :data:`ARRAY_NAMES` present.
 
     Raises
     ------
@@ -276,18 +223,7 @@ def load_tree(path, check: bool = False) -> KdTree:
     missing = [name for name in ARRAY_NAMES if name not in arrays]
     if missing:
         raise TreeFileError(f"{path}: the file has no {', '.join(missing)} array(s)")
-    try:
-        config = SAHConfig.from_dict(header["config"])
-        tree = KdTree(**{name: arrays[name] for name in ARRAY_NAMES}, config=config,
-                      num_degenerate=header["num_degenerate"],
-                      build_info=header.get("build_info") or {})
-    except (KeyError, TypeError, ValueError) as exc:
-        raise TreeFileError(f"{path}: the header does not describe a valid tree: {exc}") from None
-    if check:
-        from .tree_check import check_tree
-
-        check_tree(tree)
-    return tree
+    return header, arrays
 
 
 def _reader(data, start):
