@@ -121,7 +121,7 @@ def time_wall(pb, fn, repeats, warmup):
 
 def measure_ours(tree, rays, any_hit, args, pb):
     """Mrays/s (events and wall clock) and per-ray work counts for one ray set."""
-    from kdtree_gpu import raycast_gpu as rg
+    from kdtree_gpu.trace import gpu as rg
 
     query = rg.occluded_gpu if any_hit else rg.intersect_gpu
     counted = rg.occluded_counted_gpu if any_hit else rg.intersect_counted_gpu
@@ -176,7 +176,7 @@ def build_tree(V, F, builder):
 def bench_mesh(name, args, pb):
     import cupy
 
-    from kdtree_gpu import raycast_gpu as rg
+    from kdtree_gpu.trace import gpu as rg
 
     mesh_name, V, F = pb.load_mesh(str(Path(args.mesh_dir) / f"{name}.ply"))
     t0 = time.perf_counter()

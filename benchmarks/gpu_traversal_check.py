@@ -120,7 +120,7 @@ def count_crossings(tree, points, direction, max_steps=10_000):
     """
     import cupy
 
-    from kdtree_gpu.raycast_gpu import intersect_gpu
+    from kdtree_gpu.trace.gpu import intersect_gpu
 
     n = points.shape[0]
     origins = cupy.asarray(points, dtype=cupy.float32)
@@ -191,7 +191,7 @@ def load_or_build_tree(path, tree_cache):
 def check_mesh(path, watertight, args, rng):
     import cupy
 
-    from kdtree_gpu import raycast_gpu as rg
+    from kdtree_gpu.trace import gpu as rg
 
     record = {"mesh": path.stem, "watertight": bool(watertight)}
     tree, build_s = load_or_build_tree(path, args.tree_cache)

@@ -787,14 +787,14 @@ def compare_hits(t_tree, tri_tree, t_brute, tri_brute, scale: float) -> Optional
 
 
 def cast_brute_force(vertices, faces, origins, directions, device: str):
-    """Closest hits by testing every triangle (``kdtree_gpu.raycast``).
+    """Closest hits by testing every triangle (``kdtree_gpu.trace``).
 
     Returns
     -------
     t : (num_rays,) float32
     tri : (num_rays,) int32
     """
-    from . import raycast
+    from . import trace as raycast
 
     result = raycast.intersect_brute(vertices, faces, origins, directions, device=device)
     return _to_host(result[0]), _to_host(result[1])

@@ -376,11 +376,11 @@ class KdTreeTracer:
 
     def intersect(self, origin, direction, tmin, tmax) -> HitQueue:
         if self.device == "cuda":
-            from .raycast_gpu import intersect_gpu
+            from .trace.gpu import intersect_gpu
 
             t, tri, u, v = intersect_gpu(self.tree, origin, direction, tmin, tmax)
             return HitQueue(hit_t=t, hit_tri=tri, hit_u=u, hit_v=v)
-        from .raycast import intersect
+        from .trace import intersect
 
         # the CPU entry point validates every ray; masked entries (empty
         # interval, possibly unset direction) are left out and reported as misses
@@ -396,10 +396,10 @@ class KdTreeTracer:
 
     def occluded(self, origin, direction, tmin, tmax):
         if self.device == "cuda":
-            from .raycast_gpu import occluded_gpu
+            from .trace.gpu import occluded_gpu
 
             return occluded_gpu(self.tree, origin, direction, tmin, tmax)
-        from .raycast import occluded
+        from .trace import occluded
 
         live = np.flatnonzero(tmin <= tmax)
         blocked = np.zeros(origin.shape[0], dtype=bool)

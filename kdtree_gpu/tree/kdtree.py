@@ -155,7 +155,7 @@ class KdTree:
         u, v : (num_rays,) float32
             Barycentrics of the hit (point = (1-u-v) v0 + u v1 + v v2).
         """
-        from ..raycast import intersect
+        from ..trace import intersect
 
         return intersect(self, origins, directions, tmin, tmax, device=device)
 
@@ -166,7 +166,7 @@ class KdTree:
         -------
         (num_rays,) bool
         """
-        from ..raycast import occluded
+        from ..trace import occluded
 
         return occluded(self, origins, directions, tmin, tmax, device=device)
 

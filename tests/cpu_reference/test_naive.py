@@ -14,6 +14,7 @@ import pytest
 
 from cpu_reference import naive, wald_havran
 from kdtree_gpu import SAHConfig
+from kdtree_gpu.mesh import load_mesh
 
 SEEDS_PER_CASE = 32  # 4 generators x 2 clip x 2 axes x 32 = 512 scenes
 
@@ -122,21 +123,14 @@ def test_fast_equals_naive(generator, clip, axes):
     assert splits >= SEEDS_PER_CASE // 2  # the scenes do get split
 
 
-def read_ply(path):
-    """Vertices and faces of a mesh file."""
-    from kdtree_gpu.mesh import load_mesh
-
-    return load_mesh(path)
-
-
 def test_fast_equals_naive_on_cornell_box(mesh_dir):
-    V, F = read_ply(mesh_dir / "cornell_box.ply")
+    V, F = load_mesh(mesh_dir / "cornell_box.ply")
     for clip in (False, True):
         for axes in ("all", "longest"):
             assert_same(V, F, SAHConfig(clip=clip, axes=axes), f"cornell clip={clip} {axes}")
 
 
 def test_fast_equals_naive_on_suzanne(mesh_dir):
-    V, F = read_ply(mesh_dir / "suzanne.ply")
+    V, F = load_mesh(mesh_dir / "suzanne.ply")
     for clip in (False, True):
         assert_same(V, F, SAHConfig(clip=clip), f"suzanne clip={clip}")

@@ -233,9 +233,9 @@ def test_output_format():
 
 
 def test_real_mesh_tree_is_valid(mesh_dir):
-    from test_naive import read_ply
+    from kdtree_gpu.mesh import load_mesh
 
-    V, F = read_ply(mesh_dir / "happy_buddha_100k.ply")
+    V, F = load_mesh(mesh_dir / "happy_buddha_100k.ply")
     tree = wald_havran.build(V, F)
     tree.check()
     stats = tree.stats()

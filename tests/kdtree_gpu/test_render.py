@@ -323,7 +323,7 @@ def test_tonemap_and_png_round_trip(tmp_path):
 
 # --- the kd-tree path --------------------------------------------------------------------
 def test_kdtree_render_matches_brute_force_on_cpu():
-    pytest.importorskip("kdtree_gpu.raycast")
+    pytest.importorskip("kdtree_gpu.trace")
     scene = box_room()
     kd = R.render(scene, 12, 12, spp=4, max_depth=4, device="cpu", accel="kdtree")
     brute = render_cpu(scene, size=12, spp=4, max_depth=4)
@@ -333,7 +333,7 @@ def test_kdtree_render_matches_brute_force_on_cpu():
 
 def test_cornell_box_with_mesh_renders_on_cpu():
     scenes = pytest.importorskip("kdtree_gpu.scenes")
-    pytest.importorskip("kdtree_gpu.raycast")
+    pytest.importorskip("kdtree_gpu.trace")
     V, F = icosphere(2)
     scene = scenes.cornell_box_with(V, F)
     result = R.render(scene, 16, 16, spp=4, max_depth=4, device="cpu")

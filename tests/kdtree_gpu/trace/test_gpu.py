@@ -1,4 +1,4 @@
-"""GPU ray queries (kdtree_gpu.raycast_gpu): kd-tree traversal against brute force and the CPU.
+"""GPU ray queries (kdtree_gpu.trace.gpu): kd-tree traversal against brute force and the CPU.
 
 GPU tests: ``python -m pytest tests/kdtree_gpu/test_raycast_gpu.py -m gpu -q``.
 They compare the GPU traversal with the GPU brute force (all triangles, the
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from kdtree_gpu import kernels
-from kdtree_gpu import raycast_gpu as rg
+from kdtree_gpu.trace import gpu as rg
 from kdtree_gpu.device import gpu_available
 
 gpu = pytest.mark.gpu

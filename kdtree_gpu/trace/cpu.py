@@ -1,8 +1,8 @@
 """CPU ray queries (numba): kd-tree traversal and the brute-force oracle.
 
-These are the compiled backends behind :mod:`kdtree_gpu.raycast`, which
+These are the compiled backends behind :mod:`kdtree_gpu.trace`, which
 checks the user's input and calls the functions below with contiguous
-float32 arrays. The GPU versions are in :mod:`kdtree_gpu.raycast_gpu`
+float32 arrays. The GPU versions are in :mod:`kdtree_gpu.trace.gpu`
 (``kdtree_gpu/cuda/traverse.cu``, ``watertight.cuh``); both follow the same
 conventions, so that they decide alike.
 
@@ -61,8 +61,8 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from . import encoding as enc
-from .mesh import degenerate_mask
+from .. import encoding as enc
+from ..mesh import degenerate_mask
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
 TRAVERSE_EPS = np.float32(2.0 ** -18)
@@ -300,7 +300,7 @@ def _stack_size(tree) -> int:
     cached = tree._device_cache.get("cpu_stack_size")
     if cached is not None and cached[0] is tree.node_axis:
         return cached[1]
-    from .tree.check import walk_levels
+    from ..tree.check import walk_levels
 
     size = int(walk_levels(tree)[0].max()) + 1
     tree._device_cache["cpu_stack_size"] = (tree.node_axis, size)

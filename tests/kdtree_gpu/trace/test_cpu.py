@@ -1,12 +1,12 @@
-"""Tests of the CPU ray queries (kdtree_gpu.raycast_cpu through kdtree_gpu.raycast)."""
+"""Tests of the CPU ray queries (kdtree_gpu.trace.cpu through kdtree_gpu.trace)."""
 
 import numpy as np
 import pytest
 import trimesh
 
-from kdtree_gpu import raycast
+from kdtree_gpu import trace as raycast
 from kdtree_gpu.config import SAHConfig
-from kdtree_gpu.raycast_cpu import brute_cpu
+from kdtree_gpu.trace.cpu import brute_cpu
 from kdtree_gpu.tree import KdTree
 
 NUM_RAYS = 100_000

@@ -3,7 +3,7 @@
 :meth:`KdTree.intersect` and :meth:`KdTree.occluded` call :func:`intersect`
 and :func:`occluded`. This module checks the rays, decides where they run and
 converts arrays at the boundary; the work is done by
-:mod:`kdtree_gpu.raycast_cpu` (numba) or :mod:`kdtree_gpu.raycast_gpu` (CuPy).
+:mod:`kdtree_gpu.trace.cpu` (numba) or :mod:`kdtree_gpu.trace.gpu` (CuPy).
 
 Where rays run (``device``)
 ---------------------------
@@ -19,7 +19,7 @@ then have shape ``(1,)``.
 
 Ray conventions (hits with ``tmin <= t <= tmax``, two-sided triangles,
 barycentrics ``u`` of ``v1`` and ``v`` of ``v2``) are described in
-:mod:`kdtree_gpu.raycast_cpu`.
+:mod:`kdtree_gpu.trace.cpu`.
 """
 
 from __future__ import annotations
@@ -195,7 +195,7 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit):
     device = _choose_device(device, origins, directions)
     like_kind = _library(origins)
     if device == "cpu":
-        from .raycast_cpu import intersect_cpu, occluded_cpu
+        from .cpu import intersect_cpu, occluded_cpu
 
         O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
         results = (occluded_cpu(tree, O, D, t0, t1),) if any_hit else \
@@ -203,7 +203,7 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit):
     else:
         import cupy
 
-        from .raycast_gpu import intersect_gpu, occluded_gpu
+        from .gpu import intersect_gpu, occluded_gpu
 
         device_id = _device_id(origins, like_kind)
         if device_id is None:
@@ -259,7 +259,7 @@ def occluded(tree, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
 
 
 def _mesh_of(tree_or_vertices, faces):
-    from .mesh import validate_mesh
+    from ..mesh import validate_mesh
 
     if faces is None:
         return tree_or_vertices.vertices, tree_or_vertices.faces
@@ -271,7 +271,7 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
     device = _choose_device(device, origins, directions)
     like_kind = _library(origins)
     if device == "cpu":
-        from .raycast_cpu import brute_cpu
+        from .cpu import brute_cpu
 
         O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
         results = brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
@@ -279,7 +279,7 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
     else:
         import cupy
 
-        from .raycast_gpu import brute_intersect_gpu, brute_occluded_gpu
+        from .gpu import brute_intersect_gpu, brute_occluded_gpu
 
         device_id = _device_id(origins, like_kind)
         if device_id is None:

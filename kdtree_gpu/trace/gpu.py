@@ -1,10 +1,10 @@
 """GPU ray queries: kd-tree traversal and the brute-force oracle (CuPy).
 
-These are the CUDA backends behind :mod:`kdtree_gpu.raycast`, which checks
+These are the CUDA backends behind :mod:`kdtree_gpu.trace`, which checks
 the user's input, converts it and calls the functions below with CuPy
 arrays. The kernels live in ``kdtree_gpu/cuda/traverse.cu`` (kd-tree),
 ``brute.cu`` (every triangle) and ``watertight.cuh`` (the ray-triangle test
-of Woop, Benthin and Wald 2013, the same as in :mod:`kdtree_gpu.raycast_cpu`).
+of Woop, Benthin and Wald 2013, the same as in :mod:`kdtree_gpu.trace.cpu`).
 
 Device layout of a tree (:func:`upload_tree`, cached on the tree)
 ------------------------------------------------------------------
@@ -31,9 +31,9 @@ import dataclasses
 
 import numpy as np
 
-from .config import MAX_DEPTH_CAP
-from .mesh import degenerate_mask, validate_mesh
-from .launch import launch
+from ..config import MAX_DEPTH_CAP
+from ..launch import launch
+from ..mesh import degenerate_mask, validate_mesh
 
 TRAVERSE_SOURCE = "traverse.cu"
 BRUTE_SOURCE = "brute.cu"
@@ -102,7 +102,7 @@ def tree_depth(tree) -> int:
     -------
     int
     """
-    from .tree.check import walk_levels
+    from ..tree.check import walk_levels
 
     node_depth = walk_levels(tree)[0]
     return int(node_depth.max())
@@ -239,14 +239,14 @@ def brute_occluded_gpu(vertices, faces, origins, directions, tmin, tmax):
 
 # --- helpers -------------------------------------------------------------------
 def _traverse_kernel(name):
-    from .kernels import get_function
+    from ..kernels import get_function
 
     options = (f"-DKD_TRAVERSE_BLOCK={TRAVERSE_BLOCK}", f"-DKD_MAX_STACK={MAX_STACK}")
     return get_function(TRAVERSE_SOURCE, name, options=options)
 
 
 def _brute_kernel(name):
-    from .kernels import get_function
+    from ..kernels import get_function
 
     return get_function(BRUTE_SOURCE, name, options=(f"-DKD_BRUTE_BLOCK={BRUTE_BLOCK}",))
 
