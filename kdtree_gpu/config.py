@@ -11,7 +11,8 @@ otherwise. A node stays a leaf when the best cost is not below ``K_I * N``.
 The arithmetic is float64 and its order is fixed, so that the NumPy, numba and
 CUDA versions round identically and choose the same plane: :func:`split_cost`
 here is compiled by numba in ``cpu_reference``, the vectorised NumPy twin in
-the GPU pipeline evaluates the same expression element-wise, and
+the level pipeline evaluates the same expression element-wise
+(:func:`split_cost_xp`), and
 ``kdtree_gpu/cuda/sah.cuh`` repeats it with round-to-nearest intrinsics (no
 fused multiply-add). A test checks that they agree.
 
@@ -25,13 +26,14 @@ import dataclasses
 import math
 from typing import Optional
 
+from .encoding import MAX_DEPTH_CAP
+
 # Wald & Havran 2006, section 5 ("we use K_T = 15, K_I = 20 and lambda = 0.8").
 DEFAULT_K_TRAVERSAL = 15.0
 DEFAULT_K_INTERSECT = 20.0
 DEFAULT_EMPTY_BONUS = 0.8
-# pbrt-v3/v4 KdTreeAggregate: maxDepth = round(8 + 1.3 * log2(N)); we cap it
-# so that the traversal stack has a fixed upper bound.
-MAX_DEPTH_CAP = 64
+# pbrt-v3/v4 KdTreeAggregate: maxDepth = round(8 + 1.3 * log2(N)); capped at
+# encoding.MAX_DEPTH_CAP so that the traversal stack has a fixed upper bound.
 AXES_CHOICES = ("all", "longest")
 
 
@@ -161,6 +163,23 @@ def split_cost(k_traversal, k_intersect, empty_bonus, area_left, area_right, are
     if n_left == 0 or n_right == 0:
         cost = cost * empty_bonus
     return cost
+
+
+def split_cost_xp(xp, cfg, area_left, area_right, area_node, n_left, n_right):
+    """:func:`split_cost` element-wise on ``xp`` arrays: same operations, same order.
+
+    Parameters
+    ----------
+    xp : module
+        ``numpy`` or ``cupy``.
+    cfg : SAHConfig
+    area_left, area_right, area_node : (k,) float64
+    n_left, n_right : (k,) float64
+    """
+    cost = cfg.k_traversal + cfg.k_intersect * ((area_left * n_left + area_right * n_right)
+                                                / area_node)
+    empty = (n_left == 0) | (n_right == 0)
+    return xp.where(empty, cost * cfg.empty_bonus, cost)
 
 
 def leaf_cost(k_intersect, n):

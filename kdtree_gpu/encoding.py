@@ -67,7 +67,7 @@ PACK_SHIFT = 2
 PACK_AXIS_MASK = (1 << PACK_SHIFT) - 1
 PACK_MAX_INDEX = (1 << (31 - PACK_SHIFT)) - 1
 
-# --- status record of the level loop kernel (builder.build_levels_grid) -----
+# --- status record of the level loop kernel (build.gpu.level_loop) --------
 # Slots of the int64 record the kernel leaves behind; the per-level sizes
 # (nodes, refs, events of each finished level) follow from slot LOOP_SLOTS on,
 # three per level, indexed by level number.
@@ -87,6 +87,59 @@ LOOP_NEED_LEAF_REFS = 12  # leaf_tris entries including the level's own
 LOOP_SLOTS = 13
 LOOP_DONE = 0
 LOOP_STOPPED = 1
+
+# --- summary record of mesh preparation (kd_prepare_triangles) ----------------
+# uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,
+# then the root box minimum and maximum as order-preserving float bits.
+SUMMARY_FLAGS = 0
+SUMMARY_VALID = 1
+SUMMARY_PLANAR = 2  # slots 2, 3, 4
+SUMMARY_LO = 5  # slots 5, 6, 7
+SUMMARY_HI = 8  # slots 8, 9, 10
+SUMMARY_SLOTS = 11
+SUMMARY_BAD_INDEX = 1  # flag bit: a face index out of range
+SUMMARY_BAD_COORD = 2  # flag bit: a non-finite coordinate
+
+# --- root event sort keys (kd_root_event_keys) ---------------------------------
+# axis (2 bits) | ordered position bits (32) | kind (2) | reference (KEY_REF_BITS):
+# one 64-bit sort orders the three axes' events at once (rule R3 per axis).
+KEY_REF_BITS = 28
+MAX_TRIANGLES = (1 << KEY_REF_BITS) - 1
+
+# --- float64 bit patterns of split costs --------------------------------------
+# Costs are >= 0 or +inf, so their IEEE bits order like the values and an
+# integer atomicMin on the bits is an exact float64 minimum.
+INF_BITS = 0x7FF0000000000000
+NO_INDEX = 0xFFFFFFFFFFFFFFFF
+
+# --- launch shapes shared by a driver and its kernels ---------------------------
+SCAN_BLOCK = 256  # threads of the block scans and of the three-launch scan
+SCAN_ITEMS = 8  # items per thread of a scan tile
+SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS
+SCAN_SMALL = 8 * SCAN_TILE  # up to this size one block scans a whole array
+PREPARE_BLOCK = 256  # kd_prepare_triangles
+LOOP_BLOCK = 512  # the level-loop kernel's blocks (two per multiprocessor)
+TRAVERSE_BLOCK = 128  # traversal kernels (__launch_bounds__)
+BRUTE_BLOCK = 128  # brute-force kernels: threads per block = triangles per shared tile
+COMPACT_BLOCK = 256  # stream compaction of the path tracer's queues
+COMPACT_MAX_TILES = 1024
+COMPACT_MAX_FIELDS = 16
+COMPACT_MAX_WARPS = 32
+COMPACT_FLAG_U8 = 0  # live = flag != 0
+COMPACT_FLAG_F32 = 1  # live = flag > 0
+
+# --- traversal -------------------------------------------------------------------
+# Deepest level of any tree (root = 0; SAHConfig.max_depth is capped at it):
+# the traversal stack holds one entry per level below the root.
+MAX_DEPTH_CAP = 64
+# A child is kept when the split plane is within TRAVERSE_EPS times the scene
+# extent (seen from the origin) of the node's interval: rounding of the slab
+# distances and of the watertight test never loses a hit on a split plane.
+TRAVERSE_EPS = np.float32(2.0 ** -18)
+
+# --- path tracer ---------------------------------------------------------------
+# Shadow rays stop this fraction short of the light point.
+SHADOW_TMAX_SCALE = np.float32(1.0 - 1e-4)
 
 # --- sentinels -----------------------------------------------------------------
 NO_HIT = -1  # triangle id of a ray that hit nothing (its t is +inf)
@@ -127,42 +180,23 @@ def pack_nodes(node_axis, node_split, node_child, node_count):
 def cuda_defines() -> str:
     """Return the ``#define`` block prepended to every CUDA source.
 
+    Every public upper-case integer or float32 constant of this module
+    becomes ``#define KD_<NAME> (<value>)``; float32 values are written as
+    exact hexadecimal literals (``0x1p-18f``). Dtype constants are left out.
+
     Returns
     -------
     str
-        One ``#define KD_<NAME> <value>`` line per encoding constant.
     """
-    names = {
-        "AXIS_LEAF": AXIS_LEAF,
-        "EVENT_END": EVENT_END,
-        "EVENT_PLANAR": EVENT_PLANAR,
-        "EVENT_START": EVENT_START,
-        "SIDE_LEFT": SIDE_LEFT,
-        "SIDE_RIGHT": SIDE_RIGHT,
-        "CLASS_LEFT": CLASS_LEFT,
-        "CLASS_RIGHT": CLASS_RIGHT,
-        "CLASS_BOTH": CLASS_BOTH,
-        "PACK_SHIFT": PACK_SHIFT,
-        "PACK_AXIS_MASK": PACK_AXIS_MASK,
-        "NO_HIT": NO_HIT,
-        "NO_NODE": NO_NODE,
-        "LOOP_STATE": LOOP_STATE,
-        "LOOP_LEVEL": LOOP_LEVEL,
-        "LOOP_NODES": LOOP_NODES,
-        "LOOP_REFS": LOOP_REFS,
-        "LOOP_EVENTS": LOOP_EVENTS,
-        "LOOP_LEVEL_BASE": LOOP_LEVEL_BASE,
-        "LOOP_LEAF_BASE": LOOP_LEAF_BASE,
-        "LOOP_BUFFER": LOOP_BUFFER,
-        "LOOP_NEED_NODES": LOOP_NEED_NODES,
-        "LOOP_NEED_REFS": LOOP_NEED_REFS,
-        "LOOP_NEED_EVENTS": LOOP_NEED_EVENTS,
-        "LOOP_NEED_TREE_NODES": LOOP_NEED_TREE_NODES,
-        "LOOP_NEED_LEAF_REFS": LOOP_NEED_LEAF_REFS,
-        "LOOP_SLOTS": LOOP_SLOTS,
-        "LOOP_DONE": LOOP_DONE,
-        "LOOP_STOPPED": LOOP_STOPPED,
-    }
     lines = ["// generated by kdtree_gpu.encoding.cuda_defines(); do not edit"]
-    lines += [f"#define KD_{k} ({v})" for k, v in names.items()]
+    for name, value in globals().items():
+        if not name.isupper() or name.startswith("_"):
+            continue
+        if isinstance(value, np.float32):
+            lines.append(f"#define KD_{name} ({float(value).hex()}f)")
+        elif isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+            value = int(value)
+            literal = f"{value}ull" if value > 0x7FFFFFFF else (
+                f"{value}ll" if value < -0x80000000 else str(value))
+            lines.append(f"#define KD_{name} ({literal})")
     return "\n".join(lines) + "\n"

@@ -16,9 +16,6 @@
 
 #include "watertight.cuh"
 
-#ifndef KD_BRUTE_BLOCK
-#define KD_BRUTE_BLOCK 128
-#endif
 #define KD_BRUTE_TILE KD_BRUTE_BLOCK
 
 template <bool ANY_HIT>

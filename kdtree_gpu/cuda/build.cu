@@ -1,4 +1,4 @@
-// Kernels of the level-by-level SAH kd-tree builder (kdtree_gpu/builder.py),
+// Kernels of the level-by-level SAH kd-tree builder (kdtree_gpu/builder/gpu/level_stages.py),
 // one launch per stage: each kernel runs the element-wise work between two
 // scans of one build stage (the stage functions of build_stages.cuh), plus
 // the scans, mesh preparation and root events.
@@ -240,23 +240,19 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
 
 // Per triangle: box, zero-area test and validity of the input. Flags: bit 0 an
 // index out of range, bit 1 a non-finite coordinate (the host then names the
-// first problem with the same checks as geometry.validate_mesh); valid[t] is
+// first problem with the same checks as mesh.validate_mesh); valid[t] is
 // 1 for triangles that enter the tree, else 0 (int64: its scan numbers them). -0.0 is folded into +0.0 as on the host.
 // The cross product of two edges is exact in float64 (differences of float32
 // values and their products are), so "zero" means exactly collinear points.
-// Summary slots (unsigned 64-bit, reset by the host to KD_PREPARE_INIT):
-// 0 error flags, 1 valid triangles, 2-4 valid triangles flat on x/y/z,
-// 5-7 root box minimum, 8-10 maximum (order-preserving bits of the floats).
+// Summary slots: encoding.SUMMARY_* (reset by the host before the launch).
 // Each block reduces in shared memory first, then makes one atomic per slot.
-#define KD_SUMMARY_SLOTS 11
-
-__device__ __forceinline__ unsigned int kd_ordered_bits32(float x)
+// The identity of summary slot q for its reduction (minima start high).
+__device__ __forceinline__ unsigned int kd_summary_identity(int q)
 {
-    unsigned int u = __float_as_uint(x);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+    return q >= KD_SUMMARY_LO && q < KD_SUMMARY_HI ? 0xffffffffu : 0u;
 }
 
-extern "C" __global__ void __launch_bounds__(256)
+extern "C" __global__ void __launch_bounds__(KD_PREPARE_BLOCK)
 kd_prepare_triangles(const float* __restrict__ vertices,
                      const int* __restrict__ faces,
                      long long num_vertices,
@@ -268,25 +264,25 @@ kd_prepare_triangles(const float* __restrict__ vertices,
 {
     __shared__ unsigned int block_sum[KD_SUMMARY_SLOTS];
     if (threadIdx.x < KD_SUMMARY_SLOTS)
-        block_sum[threadIdx.x] = threadIdx.x >= 5 && threadIdx.x < 8 ? 0xffffffffu : 0u;
+        block_sum[threadIdx.x] = kd_summary_identity(threadIdx.x);
     __syncthreads();
     long long t = kd_tid();
     unsigned int mine[KD_SUMMARY_SLOTS];
-    for (int q = 0; q < KD_SUMMARY_SLOTS; ++q) mine[q] = q >= 5 && q < 8 ? 0xffffffffu : 0u;
+    for (int q = 0; q < KD_SUMMARY_SLOTS; ++q) mine[q] = kd_summary_identity(q);
     if (t < num_triangles) {
         double p[3][3];
         bool ok = true;
         for (int j = 0; j < 3; ++j) {
             int v = faces[3 * t + j];
             if (v < 0 || v >= num_vertices) {
-                mine[0] |= 1u;
+                mine[KD_SUMMARY_FLAGS] |= KD_SUMMARY_BAD_INDEX;
                 ok = false;
                 v = 0;
             }
             for (int k = 0; k < 3; ++k) {
                 float x = vertices[3 * (long long)v + k] + 0.0f;
                 if (!isfinite(x)) {
-                    mine[0] |= 2u;
+                    mine[KD_SUMMARY_FLAGS] |= KD_SUMMARY_BAD_COORD;
                     ok = false;
                 }
                 p[j][k] = (double)x;
@@ -311,40 +307,38 @@ kd_prepare_triangles(const float* __restrict__ vertices,
         bool is_valid = ok && (cx != 0.0 || cy != 0.0 || cz != 0.0);
         valid[t] = is_valid;
         if (is_valid) {
-            mine[1] = 1;
+            mine[KD_SUMMARY_VALID] = 1;
             for (int k = 0; k < 3; ++k) {
-                mine[2 + k] = lo[k] == hi[k];
-                mine[5 + k] = kd_ordered_bits32(lo[k]);
-                mine[8 + k] = kd_ordered_bits32(hi[k]);
+                mine[KD_SUMMARY_PLANAR + k] = lo[k] == hi[k];
+                mine[KD_SUMMARY_LO + k] = kd_ordered_bits32(lo[k]);
+                mine[KD_SUMMARY_HI + k] = kd_ordered_bits32(hi[k]);
             }
         }
     }
     const unsigned full = 0xffffffffu;
-    unsigned int r0 = __reduce_or_sync(full, mine[0]);
+    // slots [FLAGS]: or; [VALID, LO): sums; [LO, HI): minima; [HI, SLOTS): maxima
     unsigned int r[KD_SUMMARY_SLOTS];
-    r[0] = r0;
-    for (int q = 1; q < 5; ++q) r[q] = __reduce_add_sync(full, mine[q]);
-    for (int q = 5; q < 8; ++q) r[q] = __reduce_min_sync(full, mine[q]);
-    for (int q = 8; q < 11; ++q) r[q] = __reduce_max_sync(full, mine[q]);
+    r[KD_SUMMARY_FLAGS] = __reduce_or_sync(full, mine[KD_SUMMARY_FLAGS]);
+    for (int q = KD_SUMMARY_VALID; q < KD_SUMMARY_LO; ++q) r[q] = __reduce_add_sync(full, mine[q]);
+    for (int q = KD_SUMMARY_LO; q < KD_SUMMARY_HI; ++q) r[q] = __reduce_min_sync(full, mine[q]);
+    for (int q = KD_SUMMARY_HI; q < KD_SUMMARY_SLOTS; ++q) r[q] = __reduce_max_sync(full, mine[q]);
     if ((threadIdx.x & 31) == 0) {
-        atomicOr(&block_sum[0], r[0]);
-        for (int q = 1; q < 5; ++q) atomicAdd(&block_sum[q], r[q]);
-        for (int q = 5; q < 8; ++q) atomicMin(&block_sum[q], r[q]);
-        for (int q = 8; q < 11; ++q) atomicMax(&block_sum[q], r[q]);
+        atomicOr(&block_sum[KD_SUMMARY_FLAGS], r[KD_SUMMARY_FLAGS]);
+        for (int q = KD_SUMMARY_VALID; q < KD_SUMMARY_LO; ++q) atomicAdd(&block_sum[q], r[q]);
+        for (int q = KD_SUMMARY_LO; q < KD_SUMMARY_HI; ++q) atomicMin(&block_sum[q], r[q]);
+        for (int q = KD_SUMMARY_HI; q < KD_SUMMARY_SLOTS; ++q) atomicMax(&block_sum[q], r[q]);
     }
     __syncthreads();
     if (threadIdx.x == 0) {
-        if (block_sum[0]) atomicOr(&summary[0], (unsigned long long)block_sum[0]);
-        for (int q = 1; q < 5; ++q)
+        if (block_sum[KD_SUMMARY_FLAGS])
+            atomicOr(&summary[KD_SUMMARY_FLAGS], (unsigned long long)block_sum[KD_SUMMARY_FLAGS]);
+        for (int q = KD_SUMMARY_VALID; q < KD_SUMMARY_LO; ++q)
             if (block_sum[q]) atomicAdd(&summary[q], (unsigned long long)block_sum[q]);
-        for (int q = 5; q < 8; ++q) atomicMin(&summary[q], (unsigned long long)block_sum[q]);
-        for (int q = 8; q < 11; ++q) atomicMax(&summary[q], (unsigned long long)block_sum[q]);
+        for (int q = KD_SUMMARY_LO; q < KD_SUMMARY_HI; ++q)
+            atomicMin(&summary[q], (unsigned long long)block_sum[q]);
+        for (int q = KD_SUMMARY_HI; q < KD_SUMMARY_SLOTS; ++q)
+            atomicMax(&summary[q], (unsigned long long)block_sum[q]);
     }
-}
-
-__device__ __forceinline__ float kd_float_from_ordered_bits32(unsigned int bits)
-{
-    return __uint_as_float((bits & 0x80000000u) ? (bits & 0x7fffffffu) : ~bits);
 }
 
 // The root level from the prepared mesh: reference r is the r-th valid
@@ -370,15 +364,15 @@ extern "C" __global__ void kd_root_level(const long long* __restrict__ valid_sca
         }
     }
     if (t == 0) {
-        long long num_valid = (long long)summary[1];
+        long long num_valid = (long long)summary[KD_SUMMARY_VALID];
         node_ref_offset[0] = 0;
         node_ref_offset[1] = num_valid;
         seg_event_offset[0] = 0;
         for (int k = 0; k < 3; ++k) {
-            node_lo[k] = kd_float_from_ordered_bits32((unsigned int)summary[5 + k]);
-            node_hi[k] = kd_float_from_ordered_bits32((unsigned int)summary[8 + k]);
+            node_lo[k] = kd_float_from_ordered_bits32((unsigned int)summary[KD_SUMMARY_LO + k]);
+            node_hi[k] = kd_float_from_ordered_bits32((unsigned int)summary[KD_SUMMARY_HI + k]);
             seg_event_offset[k + 1] = seg_event_offset[k] + 2 * num_valid
-                                      - (long long)summary[2 + k];
+                                      - (long long)summary[KD_SUMMARY_PLANAR + k];
         }
     }
 }
@@ -389,20 +383,13 @@ extern "C" __global__ void kd_root_level(const long long* __restrict__ valid_sca
 // of axis k's key array: (ordered position bits << 32) | (kind << 30) | r.
 // A planar triangle has one event; its second slot gets the largest key,
 // which sorts after every real event and is cut off.
-__device__ __forceinline__ unsigned long long kd_ordered_bits(float x)
-{
-    unsigned int u = __float_as_uint(x);
-    return (unsigned long long)((u & 0x80000000u) ? ~u : (u | 0x80000000u));
-}
-
-// Key layout: axis (2 bits) | ordered position (32) | kind (2) | reference (28),
-// so one sort orders the three axes' events at once (rule R3 within each axis).
-#define KD_KEY_REF_BITS 28
-
+// Key layout (encoding.KEY_REF_BITS): axis (2 bits) | ordered position (32) |
+// kind (2) | reference, so one sort orders the three axes' events at once
+// (rule R3 within each axis).
 __device__ __forceinline__ unsigned long long kd_event_key(int axis, float pos, int kind,
                                                            long long ref)
 {
-    return ((unsigned long long)axis << 62) | (kd_ordered_bits(pos) << (KD_KEY_REF_BITS + 2))
+    return ((unsigned long long)axis << 62) | ((unsigned long long)kd_ordered_bits32(pos) << (KD_KEY_REF_BITS + 2))
            | ((unsigned long long)kind << KD_KEY_REF_BITS) | (unsigned long long)ref;
 }
 
@@ -443,68 +430,4 @@ extern "C" __global__ void kd_root_events_decode(const unsigned long long* __res
     event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
     event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
     event_seg[e] = (int)(key >> 62);
-}
-
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_tile_sums(const long long* __restrict__ in, long long n, long long* __restrict__ tile_sum)
-{
-    long long base = (long long)blockIdx.x * KD_SCAN_TILE;
-    long long sum = 0;
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + (long long)j * KD_SCAN_BLOCK + threadIdx.x;
-        if (i < n) sum += in[i];
-    }
-    long long total;
-    kd_block_exclusive_scan(sum, &total);
-    if (threadIdx.x == 0) tile_sum[blockIdx.x] = total;
-}
-
-// One block scans the tile sums in place into exclusive tile prefixes.
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
-{
-    long long carry = 0;
-    for (long long base = 0; base < num_tiles; base += KD_SCAN_BLOCK) {
-        long long i = base + threadIdx.x;
-        long long v = i < num_tiles ? tile_sum[i] : 0;
-        long long total;
-        long long ex = kd_block_exclusive_scan(v, &total);
-        if (i < num_tiles) tile_sum[i] = carry + ex;
-        carry += total;
-    }
-}
-
-// Each thread scans KD_SCAN_ITEMS consecutive items; tiles start at their prefix.
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_tiles(const long long* __restrict__ in, long long n,
-              const long long* __restrict__ tile_prefix, long long* __restrict__ out)
-{
-    long long base = (long long)blockIdx.x * KD_SCAN_TILE + (long long)threadIdx.x * KD_SCAN_ITEMS;
-    long long v[KD_SCAN_ITEMS];
-    long long sum = 0;
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + j;
-        v[j] = i < n ? in[i] : 0;
-        sum += v[j];
-    }
-    long long total;
-    long long prefix = kd_block_exclusive_scan(sum, &total) + tile_prefix[blockIdx.x];
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + j;
-        prefix += v[j];
-        if (i < n) out[i] = prefix;
-    }
-}
-
-// Small arrays: one block scans a whole array, one launch instead of three
-// (the builder's small levels are bound by launch overhead, not by the scan).
-// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1).
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* __restrict__ out0,
-                   const long long* __restrict__ in1, long long n1, long long* __restrict__ out1)
-{
-    if (blockIdx.x == 0)
-        kd_block_scan(KdLoadArray{in0}, n0, out0);
-    else
-        kd_block_scan(KdLoadArray{in1}, n1, out1);
 }

@@ -1,5 +1,5 @@
 // The level loop of the SAH kd-tree builder in one cooperative launch
-// (kdtree_gpu/builder.py, build_levels_grid).
+// (kdtree_gpu/builder/gpu/level_loop.py, build_levels_grid).
 //
 // One launch per stage costs the host a launch, allocations and, per level,
 // a read of the next level's sizes: small and mid-size builds are bound by
@@ -20,8 +20,6 @@
 #include "build_stages.cuh"
 
 namespace cg = cooperative_groups;
-
-#define KD_LOOP_BLOCK 512
 
 // body(i) for i in [0, n), grid-strided, with the same trip count in every
 // lane of a warp so that every lane reaches the warp collectives of the cost
@@ -107,53 +105,56 @@ __device__ __forceinline__ void kd_write_loop_status(long long* status, long lon
 
 // Pointers are neither const nor __restrict__ where an array is written by
 // one pass and read by a later pass of the same launch: such loads must not
-// go through the read-only cache.
+// go through the read-only cache. The structs are generated from the
+// declarations in kdtree_gpu/builder/soa.py (the level buffers hold two
+// levels: slot s of an array starts at s times its capacity).
 extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
 kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
-                     // the level to start from (read only)
-                     const float* start_pos, const signed char* start_kind,
-                     const int* start_ref, const int* start_seg, const int* start_tri,
-                     const int* start_node, const float* start_lo, const float* start_hi,
-                     const long long* start_ref_offset, const long long* start_seg_offset,
-                     long long start_nodes, long long start_refs, long long start_events,
-                     long long start_level, long long start_level_base,
-                     long long start_leaf_ref_base,
-                     // two level buffers
-                     float* lvl_pos, signed char* lvl_kind, int* lvl_ref, int* lvl_seg,
-                     int* lvl_tri, int* lvl_node, float* lvl_lo, float* lvl_hi,
-                     long long* lvl_ref_offset, long long* lvl_seg_offset,
-                     long long cap_events, long long cap_refs, long long cap_nodes,
-                     // per-level scratch, sized by the capacities
-                     long long* open_close_ex, unsigned long long* seg_min_cost,
-                     unsigned long long* seg_best, double* event_cost,
-                     signed char* event_side, double* best_cost, signed char* best_axis,
-                     float* best_pos, signed char* best_side, bool* node_split,
-                     long long* split_leaf, long long* split_leaf_ex,
-                     unsigned char* ref_class, long long* ref_lr, long long* ref_lr_ex,
-                     long long* event_lr_ex, long long* child_count,
-                     long long* block_sum,  // (3, gridDim.x)
-                     // the tree
-                     signed char* out_axis, float* out_split, int* out_child, int* out_count,
-                     long long cap_tree_nodes, int* leaf_tris, long long cap_leaf_refs,
-                     // settings: levels with more events are left to the host
-                     long long max_level_events, long long max_depth, long long leaf_size, int longest_only,
-                     double k_traversal, double k_intersect, double empty_bonus,
+                     KdEvents start_events, KdRefs start_refs, KdNodes start_nodes,
+                     KdLevelSizes start,  // the level to start from (read only)
+                     KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes,  // two levels
+                     KdLevelScratch scratch,  // per-level scratch, sized by the capacities
+                     long long* block_sum,    // (3, gridDim.x)
+                     KdTreeNodes out, int* leaf_tris,  // the tree
+                     KdLoopCapacity cap, KdLoopSettings cfg,
                      long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
 {
     cg::grid_group grid = cg::this_grid();
-    const float* pos = start_pos;
-    const signed char* kind = start_kind;
-    const int* ref = start_ref;
-    const int* seg = start_seg;
-    const int* tri = start_tri;
-    const int* node = start_node;
-    const float* lo = start_lo;
-    const float* hi = start_hi;
-    const long long* node_ref_offset = start_ref_offset;
-    const long long* seg_event_offset = start_seg_offset;
-    long long n = start_nodes, num_refs = start_refs, num_events = start_events;
-    long long level = start_level, level_base = start_level_base;
-    long long leaf_ref_base = start_leaf_ref_base;
+    const long long cap_events = cap.events, cap_refs = cap.refs, cap_nodes = cap.nodes;
+    const long long max_depth = cfg.max_depth, leaf_size = cfg.leaf_size;
+    const int longest_only = cfg.longest_only;
+    const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
+    const double empty_bonus = cfg.empty_bonus;
+    long long* open_close_ex = scratch.open_close_ex;
+    unsigned long long* seg_min_cost = scratch.seg_min_cost;
+    unsigned long long* seg_best = scratch.seg_best;
+    double* event_cost = scratch.event_cost;
+    signed char* event_side = scratch.event_side;
+    double* best_cost = scratch.best_cost;
+    signed char* best_axis = scratch.best_axis;
+    float* best_pos = scratch.best_pos;
+    signed char* best_side = scratch.best_side;
+    bool* node_split = scratch.node_split;
+    long long* split_leaf = scratch.split_leaf;
+    long long* split_leaf_ex = scratch.split_leaf_ex;
+    unsigned char* ref_class = scratch.ref_class;
+    long long* ref_lr = scratch.ref_lr;
+    long long* ref_lr_ex = scratch.ref_lr_ex;
+    long long* event_lr_ex = scratch.event_lr_ex;
+    long long* child_count = scratch.child_count;
+    const float* pos = start_events.event_pos;
+    const signed char* kind = start_events.event_kind;
+    const int* ref = start_events.event_ref;
+    const int* seg = start_events.event_seg;
+    const int* tri = start_refs.ref_tri;
+    const int* node = start_refs.ref_node;
+    const float* lo = start_nodes.node_lo;
+    const float* hi = start_nodes.node_hi;
+    const long long* node_ref_offset = start_nodes.node_ref_offset;
+    const long long* seg_event_offset = start_nodes.seg_event_offset;
+    long long n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
+    long long level = start.level, level_base = start.level_base;
+    long long leaf_ref_base = start.leaf_ref_base;
     int cur = -1;  // the start level is in neither buffer
     const long long ref_offset_cap = 2 * cap_nodes + 1, seg_offset_cap = 6 * cap_nodes + 1;
     long long* sums0 = block_sum;
@@ -162,8 +163,8 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
     const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
     for (;;) {
         const int nxt = cur == 0 ? 1 : 0;
-        long long* child_ref_offset = lvl_ref_offset + nxt * ref_offset_cap;
-        long long* child_event_offset = lvl_seg_offset + nxt * seg_offset_cap;
+        long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
+        long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
         long long* child_ref_count = child_count;
         long long* child_event_count = child_count + 2 * n + 1;
         const int level_active = level < max_depth;
@@ -234,9 +235,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_child_events = child_event_offset[6 * num_split];
         const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
                           && num_child_events <= cap_events
-                          && num_child_events <= max_level_events
-                          && level_base + n <= cap_tree_nodes
-                          && leaf_ref_base + num_leaf_refs <= cap_leaf_refs;
+                          && num_child_events <= cfg.max_level_events
+                          && level_base + n <= cap.tree_nodes
+                          && leaf_ref_base + num_leaf_refs <= cap.leaf_refs;
         if (!fits) {
             if (leader) {
                 kd_write_loop_status(status, KD_LOOP_STOPPED, level, n, num_refs, num_events,
@@ -250,18 +251,18 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
             return;
         }
         // emit_level (R10) and make_child_nodes; split_refs and split_events
-        float* child_lo = lvl_lo + nxt * 3 * cap_nodes;
-        float* child_hi = lvl_hi + nxt * 3 * cap_nodes;
+        float* child_lo = lvl_nodes.node_lo + nxt * 3 * cap_nodes;
+        float* child_hi = lvl_nodes.node_hi + nxt * 3 * cap_nodes;
         KdEmitArgs emit = {node_split, best_axis, best_pos, split_leaf_ex, lo, hi, n, level_base,
-                           leaf_ref_base, out_axis, out_split, out_child, out_count, child_lo,
-                           child_hi};
+                           leaf_ref_base, out.node_axis, out.node_split, out.node_child,
+                           out.node_count, child_lo, child_hi};
         kd_grid_for(n, [&](long long i) { kd_emit_node(emit, i); });
-        float* child_pos = lvl_pos + nxt * cap_events;
-        signed char* child_kind = lvl_kind + nxt * cap_events;
-        int* child_ref = lvl_ref + nxt * cap_events;
-        int* child_seg = lvl_seg + nxt * cap_events;
-        int* child_tri = lvl_tri + nxt * cap_refs;
-        int* child_node = lvl_node + nxt * cap_refs;
+        float* child_pos = lvl_events.event_pos + nxt * cap_events;
+        signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
+        int* child_ref = lvl_events.event_ref + nxt * cap_events;
+        int* child_seg = lvl_events.event_seg + nxt * cap_events;
+        int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
+        int* child_node = lvl_refs.ref_node + nxt * cap_refs;
         KdScatterArgs scatter = {tri, node, ref_class, ref_lr_ex, node_ref_offset,
                                  split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
                                  event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,

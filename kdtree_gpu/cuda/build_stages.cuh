@@ -1,31 +1,20 @@
 // Stage functions of the level-by-level SAH kd-tree builder
-// (kdtree_gpu/builder.py), shared by the kernels of build.cu (one launch per
+// (kdtree_gpu/builder/), shared by the kernels of build.cu (one launch per
 // stage) and the level loop of build_loop.cu (every level in one launch).
 //
 // A stage's element-wise work is a device function of one item index that
-// takes its arrays in a Kd*Args struct; the NumPy twin of each is the xp code
-// path of the same stage function in builder.py, which the GPU tests compare
+// takes its arrays in a Kd*Args struct; the NumPy twin of each is the stage function
+// of the same name in kdtree_gpu/builder/stages.py, which the GPU tests compare
 // against.
 //
-// Layout conventions (see builder.py):
+// Layout conventions (see kdtree_gpu/builder/soa.py):
 //   events of a level: sorted by segment seg = axis * n + node, then position;
 //   packed scans hold two 32-bit counts in one int64 (low | high << 32) and are
 //   exclusive with a leading 0, so count(i..j) = scan[j] - scan[i].
 #pragma once
+#include "common.cuh"
 #include "sah.cuh"
-
-#define KD_LOW(x) ((long long)((unsigned long long)(x) & 0xffffffffull))
-#define KD_HIGH(x) ((long long)((unsigned long long)(x) >> 32))
-
-__device__ __forceinline__ long long kd_tid()
-{
-    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
-}
-
-// Costs are >= 0 (or +inf), so their IEEE bit patterns order like the values
-// and an integer atomicMin on the bits is an exact float64 minimum.
-#define KD_INF_BITS 0x7ff0000000000000ull
-#define KD_NO_INDEX 0xffffffffffffffffull
+#include "scan.cuh"
 
 // Rule R4: nodes above the leaf size and above the maximum depth search for a split.
 __device__ __forceinline__ bool kd_node_active(long long n_all, long long leaf_size,
@@ -68,82 +57,6 @@ __device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long 
     bool run_head = lane == 0 || prev_seg != seg;
     if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
 }
-
-// --- inclusive scan of int64 (three launches, no temporary allocation) ---------------
-// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
-// block, then each tile scans itself starting from its prefix.
-#define KD_SCAN_BLOCK 256
-#define KD_SCAN_ITEMS 8
-#define KD_SCAN_TILE (KD_SCAN_BLOCK * KD_SCAN_ITEMS)
-
-// Exclusive scan of one value per thread across a block of BLOCK threads
-// (all of them must call it); *total gets the block's sum.
-template <int BLOCK = KD_SCAN_BLOCK>
-__device__ __forceinline__ long long kd_block_exclusive_scan(long long value, long long* total)
-{
-    __shared__ long long warp_sums[BLOCK / 32];
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    long long x = value;
-    for (int o = 1; o < 32; o <<= 1) {
-        long long y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
-    if (lane == 31) warp_sums[warp] = x;
-    __syncthreads();
-    if (warp == 0) {
-        long long w = lane < BLOCK / 32 ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            long long y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
-        if (lane < BLOCK / 32) warp_sums[lane] = w;
-    }
-    __syncthreads();
-    long long warp_prefix = warp > 0 ? warp_sums[warp - 1] : 0;
-    *total = warp_sums[BLOCK / 32 - 1];
-    __syncthreads();
-    return warp_prefix + x - value;
-}
-
-// One block of BLOCK threads scans the values load(i) of i in [begin, end),
-// in tiles of BLOCK * KD_SCAN_ITEMS, writing carry + the inclusive scan to
-// out[i]. Ends with a barrier, so the block may read `out` right after.
-template <typename Load, int BLOCK = KD_SCAN_BLOCK>
-__device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, long long end,
-                                                    long long carry, long long* out)
-{
-    for (long long tile = begin; tile < end; tile += (long long)BLOCK * KD_SCAN_ITEMS) {
-        long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
-        long long v[KD_SCAN_ITEMS];
-        long long sum = 0;
-        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-            long long i = base + j;
-            v[j] = i < end ? load(i) : 0;
-            sum += v[j];
-        }
-        long long total;
-        long long prefix = kd_block_exclusive_scan<BLOCK>(sum, &total) + carry;
-        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-            long long i = base + j;
-            prefix += v[j];
-            if (i < end) out[i] = prefix;
-        }
-        carry += total;
-    }
-    __syncthreads();
-}
-
-// One block scans a whole array of n values.
-template <typename Load, int BLOCK = KD_SCAN_BLOCK>
-__device__ __forceinline__ void kd_block_scan(Load load, long long n, long long* out)
-{
-    kd_block_scan_range<Load, BLOCK>(load, 0, n, 0, out);
-}
-
-struct KdLoadArray {
-    const long long* a;
-    __device__ long long operator()(long long i) const { return a[i]; }
-};
 
 // The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
 // inclusive scan of n = E + 1 values is the exclusive scan of the events.

@@ -1,4 +1,10 @@
-// Segmented min / max / argmin over order-preserving unsigned keys.
+// Parallel primitives of kdtree_gpu/primitives.py that have no exact CuPy
+// built-in: the int64 inclusive scan (three launches, or one for small arrays)
+// and the segmented min / max / argmin over order-preserving unsigned keys.
+#include "common.cuh"
+#include "scan.cuh"
+
+// --- segmented min / max / argmin ------------------------------------------------
 //
 // Values are turned into unsigned keys whose unsigned order is the values'
 // order (kdtree_gpu.primitives.float_to_ordered_uint for floats, a flipped
@@ -70,4 +76,73 @@ extern "C" __global__ void kd_segmented_argmin_u64(const unsigned long long* key
     if (i >= n) return;
     int s = segment[i];
     if (key[i] == segment_min[s]) KD_ATOMIC_MIN_IF_LESS(long long, segment_index + s, i);
+}
+
+// --- inclusive scan of int64 -----------------------------------------------------
+// Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
+// block, then each tile scans itself starting from its prefix. No temporary
+// allocation besides the tile sums; CuPy's cumsum gives the same numbers
+// with more host work per call, which dominates the builder's small levels.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tile_sums(const long long* __restrict__ in, long long n, long long* __restrict__ tile_sum)
+{
+    long long base = (long long)blockIdx.x * KD_SCAN_TILE;
+    long long sum = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + (long long)j * KD_SCAN_BLOCK + threadIdx.x;
+        if (i < n) sum += in[i];
+    }
+    long long total;
+    kd_block_exclusive_scan(sum, &total);
+    if (threadIdx.x == 0) tile_sum[blockIdx.x] = total;
+}
+
+// One block scans the tile sums in place into exclusive tile prefixes.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
+{
+    long long carry = 0;
+    for (long long base = 0; base < num_tiles; base += KD_SCAN_BLOCK) {
+        long long i = base + threadIdx.x;
+        long long v = i < num_tiles ? tile_sum[i] : 0;
+        long long total;
+        long long ex = kd_block_exclusive_scan(v, &total);
+        if (i < num_tiles) tile_sum[i] = carry + ex;
+        carry += total;
+    }
+}
+
+// Each thread scans KD_SCAN_ITEMS consecutive items; tiles start at their prefix.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_tiles(const long long* __restrict__ in, long long n,
+              const long long* __restrict__ tile_prefix, long long* __restrict__ out)
+{
+    long long base = (long long)blockIdx.x * KD_SCAN_TILE + (long long)threadIdx.x * KD_SCAN_ITEMS;
+    long long v[KD_SCAN_ITEMS];
+    long long sum = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + j;
+        v[j] = i < n ? in[i] : 0;
+        sum += v[j];
+    }
+    long long total;
+    long long prefix = kd_block_exclusive_scan(sum, &total) + tile_prefix[blockIdx.x];
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        long long i = base + j;
+        prefix += v[j];
+        if (i < n) out[i] = prefix;
+    }
+}
+
+// Small arrays: one block scans a whole array, one launch instead of three
+// (the builder's small levels are bound by launch overhead, not by the scan).
+// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1).
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* __restrict__ out0,
+                   const long long* __restrict__ in1, long long n1, long long* __restrict__ out1)
+{
+    if (blockIdx.x == 0)
+        kd_block_scan(KdLoadArray{in0}, n0, out0);
+    else
+        kd_block_scan(KdLoadArray{in1}, n1, out1);
 }

@@ -10,7 +10,6 @@
 // bit-identical to kdtree_gpu.render.uniform_from_key.
 
 #define KD_INV_PI 0.31830988618379067f
-#define KD_SHADOW_TMAX_SCALE (1.0f - 1e-4f)
 
 __device__ __forceinline__ unsigned int kd_pcg(unsigned int x)
 {
@@ -355,10 +354,6 @@ extern "C" __global__ void kd_render_russian_roulette(
 // for all of them, so one launch moves a whole SoA queue. Source and
 // destination must not overlap (the queues ping-pong between two buffers).
 // A row is live when flag[i] != 0 (uint8 flag) or flag[i] > 0 (float flag).
-#define KD_COMPACT_FLAG_U8 0
-#define KD_COMPACT_FLAG_F32 1
-#define KD_COMPACT_MAX_FIELDS 16
-#define KD_COMPACT_MAX_WARPS 32
 
 __device__ __forceinline__ int kd_row_is_live(const void* flag, int flag_kind, int i)
 {

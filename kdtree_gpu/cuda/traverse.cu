@@ -8,7 +8,7 @@
 // triangles, pop; neighbouring rays then spend their steps on the same kind
 // of work.
 //
-// Inputs (see kdtree_gpu/raycast_gpu.py for the host side):
+// Inputs (see kdtree_gpu/trace/gpu.py for the host side):
 //   nodes   (num_nodes,) int2     packed nodes (kdtree_gpu/encoding.py):
 //                                 .x split bits or leaf count,
 //                                 .y (child_or_offset << KD_PACK_SHIFT) | axis
@@ -29,13 +29,8 @@
 
 #include "watertight.cuh"
 
-#ifndef KD_MAX_STACK
-#define KD_MAX_STACK 64  // kdtree_gpu.config.MAX_DEPTH_CAP: a stack entry per level
-#endif
-#ifndef KD_TRAVERSE_BLOCK
-#define KD_TRAVERSE_BLOCK 128
-#endif
-#define KD_TRAVERSE_EPS 3.814697265625e-06f  // 2^-18
+// KD_MAX_DEPTH_CAP (a stack entry per level), KD_TRAVERSE_BLOCK and
+// KD_TRAVERSE_EPS come from the generated defines (kdtree_gpu/encoding.py).
 
 // Clip the slab [lo, hi] on one axis; a direction component of 0 (an
 // infinite reciprocal) keeps the ray only when its origin is inside the slab,
@@ -100,9 +95,9 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
     const int neg_mask = (__float_as_int(dx) < 0 ? 1 : 0) | (__float_as_int(dy) < 0 ? 2 : 0) |
                          (__float_as_int(dz) < 0 ? 4 : 0);
 
-    int stack_node[KD_MAX_STACK];
-    float stack_tn[KD_MAX_STACK];
-    float stack_tf[KD_MAX_STACK];
+    int stack_node[KD_MAX_DEPTH_CAP];
+    float stack_tn[KD_MAX_DEPTH_CAP];
+    float stack_tf[KD_MAX_DEPTH_CAP];
     int sp = 0;
 
     int node = 0;

@@ -2,7 +2,7 @@
 // Ray/Triangle Intersection", JCGT 2(1), 2013), float32, two-sided.
 //
 // Shared by the kd-tree traversal (traverse.cu), the brute-force oracle
-// (brute.cu) and the path tracer. kdtree_gpu/raycast_cpu.py implements the
+// (brute.cu) and the path tracer. kdtree_gpu/trace/cpu.py implements the
 // same test; both follow these conventions so that they decide alike:
 //
 //   * kz = the axis of the largest |d| (lowest index on ties), kx = kz + 1,

@@ -18,11 +18,13 @@ def test_cuda_sources_lists_cu_files():
     assert "primitives.cu" in [p.name for p in sources]
 
 
-def test_read_source_prepends_defines_and_resets_line_numbers():
+def test_read_source_prepends_the_preamble_and_resets_line_numbers():
     text = kernels.read_source("primitives.cu")
-    defines = encoding.cuda_defines()
-    assert text.startswith(defines)
-    rest = text[len(defines):].splitlines()
+    preamble = kernels.cuda_preamble()
+    assert preamble.startswith(encoding.cuda_defines())
+    assert "struct KdEvents {" in preamble and "struct KdLoopSettings {" in preamble
+    assert text.startswith(preamble)
+    rest = text[len(preamble):].splitlines()
     assert rest[0].startswith("// kd-headers ")
     assert rest[1] == '#line 1 "primitives.cu"'
     assert "\n".join(rest[2:]) + "\n" == (kernels.CUDA_DIR / "primitives.cu").read_text()
@@ -78,3 +80,22 @@ def test_get_module_is_memoized_per_device():
     f1 = kernels.get_function("primitives.cu", "kd_segmented_min_u32")
     assert kernels.get_function("primitives.cu", "kd_segmented_min_u32") is f1
     assert f1.name == "kd_segmented_min_u32"
+
+
+def test_no_source_repeats_a_generated_constant():
+    # every number shared with Python comes from the generated defines
+    names = {line.split()[1] for line in encoding.cuda_defines().splitlines()
+             if line.startswith("#define")}
+    for source in sorted(kernels.CUDA_DIR.glob("*.cu*")):
+        for line in source.read_text().splitlines():
+            words = line.split()
+            if len(words) >= 2 and words[0] == "#define":
+                assert words[1] not in names, f"{source.name} defines {words[1]} again"
+
+
+def test_float_constants_are_exact_hex_literals():
+    text = encoding.cuda_defines()
+    assert f"#define KD_TRAVERSE_EPS ({float(encoding.TRAVERSE_EPS).hex()}f)" in text
+    assert float.fromhex("0x1.0000000000000p-18") == float(encoding.TRAVERSE_EPS)
+    assert "#define KD_NO_INDEX (18446744073709551615ull)" in text
+    assert "#define KD_NO_HIT (-1)" in text

@@ -137,7 +137,7 @@ def test_segmented_reduce_matches_loop(op, dtype):
     if np.dtype(dtype).kind == "u":
         values = np.abs(values)
     values = values.astype(dtype)
-    identity = P._identity(np.dtype(P._scan_dtype(values, None) if op == "sum" else dtype), op)
+    identity = P.segmented._identity(np.dtype(P.scan._scan_dtype(values, None) if op == "sum" else dtype), op)
     for name, offsets in offsets_cases(rng, n).items():
         got = P.segmented_reduce(values, offsets, op)
         expected = loop_reduce(values, offsets, op, identity)

@@ -12,7 +12,10 @@ import pytest
 import cpu_reference
 from cpu_reference import naive
 import kdtree_gpu as kd
-from kdtree_gpu import SAHConfig, builder
+from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_pair
+from kdtree_gpu import SAHConfig
+from kdtree_gpu.builder import GpuSettings
+from kdtree_gpu.builder.gpu import level_loop
 from kdtree_gpu.device import gpu_available
 
 REAL_MESHES = ["cornell_box", "suzanne", "spot", "teapot", "stanford_bunny", "sponza_dabrovic",
@@ -111,7 +114,7 @@ def assert_same_tree(reference, tree):
 def test_numpy_pipeline_equals_naive_builder(seed):
     V, F = random_scene(seed)
     cfg = CONFIGS[seed % len(CONFIGS)]
-    assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+    assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cpu", kernels="xp"))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -119,18 +122,18 @@ def test_numpy_pipeline_equals_reference_on_larger_scenes(seed):
     rng = np.random.default_rng(1000 + seed)
     V, F = soup(rng, 400, scale=0.05) if seed % 2 else grid_soup(rng, 300)
     cfg = CONFIGS[seed % len(CONFIGS)]
-    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cpu", kernels="xp"))
 
 
 def test_numpy_pipeline_on_a_real_mesh(mesh_path):
     V, F = kd.load_mesh(mesh_path("suzanne"))
-    assert_same_tree(cpu_reference.build(V, F), kd.build(V, F, device="cpu"))
+    assert_same_tree(cpu_reference.build(V, F), kd.build(V, F, device="cpu", kernels="xp"))
 
 
 def test_build_accepts_a_trimesh_mesh():
     trimesh = pytest.importorskip("trimesh")
     mesh = trimesh.creation.icosphere(subdivisions=2)
-    tree = kd.build(mesh, device="cpu")
+    tree = kd.build(mesh, device="cpu", kernels="xp")
     assert tree.num_triangles == len(mesh.faces)
     assert_same_tree(cpu_reference.build(mesh.vertices, mesh.faces), tree)
 
@@ -138,12 +141,28 @@ def test_build_accepts_a_trimesh_mesh():
 def test_clip_on_cpu_runs_the_reference():
     V, F = quads(np.random.default_rng(3), 10)
     cfg = SAHConfig(clip=True)
-    assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cpu"))
+    tree = kd.build(V, F, cfg, device="cpu")
+    assert tree.build_info["builder"] == "reference"
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    with pytest.raises(NotImplementedError, match="clip"):
+        kd.build(V, F, cfg, device="cpu", kernels="xp")
+
+
+def test_cpu_default_is_the_reference_builder_and_build_info_has_one_layout():
+    V, F = soup(np.random.default_rng(7), 50)
+    for kernels, builder in ((None, "reference"), ("reference", "reference"), ("xp", "levels")):
+        tree = kd.build(V, F, device="cpu", kernels=kernels)
+        info = tree.build_info
+        assert info["builder"] == builder
+        assert info["device"] == "cpu"
+        assert info["kernels"] == (kernels or "reference")
+        assert info["seconds"] > 0
+    assert kd.build(V, F, device="cpu").compare(kd.build(V, F, device="cpu", kernels="xp")) is None
 
 
 def test_build_profile_table():
     V, F = soup(np.random.default_rng(4), 200)
-    tree = kd.build(V, F, device="cpu", profile=True)
+    tree = kd.build(V, F, device="cpu", kernels="xp", profile=True)
     table = tree.build_info["profile_table"]
     for name in ("compute_split_costs", "select_best_splits", "classify_triangles",
                  "split_events", "emit_level"):
@@ -172,6 +191,9 @@ def test_bad_arguments():
         kd.build(V, F, config={"k_traversal": 1})
     with pytest.raises(ValueError, match="kernels"):
         kd.build(V, F, device="cpu", kernels="magic")
+    for kernels in ("fused", "stages"):
+        with pytest.raises(ValueError, match=f"kernels='{kernels}' does not run on device 'cpu'"):
+            kd.build(V, F, device="cpu", kernels=kernels)
 
 
 # --- CuPy pipeline (GPU) ------------------------------------------------------------------
@@ -202,9 +224,12 @@ def tight_loop_capacity(num_events, num_refs):
     return num_events, num_refs, 1, 1
 
 
+TIGHT = GpuSettings(loop_capacity=tight_loop_capacity)
+
+
 @gpu
 @pytest.mark.parametrize("seed", range(1, 200, 2))
-def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed, monkeypatch):
+def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed):
     # Default: every level in one launch of the level-loop kernel. Then with
     # buffers that every level outgrows (one launch per growth, each going on
     # from the level that stopped); then one launch per stage.
@@ -216,9 +241,8 @@ def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed, mon
     assert_same_tree(reference, whole)
     assert whole.build_info["level_loop"] == "grid"
     assert whole.build_info["loop_launches"] == 1
-    monkeypatch.setattr(builder, "first_loop_capacity", tight_loop_capacity)
     dirty_device_pool()
-    grown = kd.build(V, F, cfg, device="cuda")
+    grown = kd.build(V, F, cfg, device="cuda", settings=TIGHT)
     assert_same_tree(reference, grown)
     assert grown.build_info["level_sizes"] == whole.build_info["level_sizes"]
     if whole.build_info["levels"] > 2:
@@ -232,7 +256,7 @@ def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed, mon
 
 @gpu
 @pytest.mark.parametrize("seed", range(0, 60, 3))
-def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed, monkeypatch):
+def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed):
     # Levels above LOOP_MAX_EVENTS run one launch per stage; the build goes
     # back to the level-loop kernel when levels shrink again.
     rng = np.random.default_rng(3000 + seed)
@@ -241,32 +265,31 @@ def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed, monkeypatch
     reference = cpu_reference.build(V, F, cfg)
     whole = kd.build(V, F, cfg, device="cuda")
     sizes = [e for _, _, e in whole.build_info["level_sizes"]]
-    monkeypatch.setattr(builder, "LOOP_MAX_EVENTS", int(np.median(sizes)))
+    settings = GpuSettings(loop_max_events=int(np.median(sizes)))
     dirty_device_pool()
-    mixed = kd.build(V, F, cfg, device="cuda")
+    mixed = kd.build(V, F, cfg, device="cuda", settings=settings)
     assert_same_tree(reference, mixed)
     assert mixed.build_info["level_sizes"] == whole.build_info["level_sizes"]
-    if max(sizes) > builder.LOOP_MAX_EVENTS:
+    if max(sizes) > settings.loop_max_events:
         assert mixed.build_info["loop_launches"] >= 1
 
 
 @gpu
 @pytest.mark.parametrize("name", ["suzanne", "spot", "stanford_bunny"])
-def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path, monkeypatch):
+def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path):
     V, F = kd.load_mesh(mesh_path(name))
-    monkeypatch.setattr(builder, "first_loop_capacity", tight_loop_capacity)
     dirty_device_pool()
-    tree = kd.build(V, F, device="cuda")
+    tree = kd.build(V, F, device="cuda", settings=TIGHT)
     assert_same_tree(cpu_reference.build(V, F), tree)
     assert tree.build_info["loop_launches"] > 3
 
 
 @gpu
-def test_gpu_without_cooperative_launch_every_level_runs_by_stages(monkeypatch):
-    # A device that cannot run cooperative launches gets no level-loop kernel.
+def test_gpu_without_cooperative_launch_every_level_runs_by_stages():
+    # A device that cannot run cooperative launches gets no level-loop kernel
+    # (as settings.level_loop=False pretends).
     V, F = soup(np.random.default_rng(5), 800)
-    monkeypatch.setattr(builder, "level_loop_kernel", lambda cp: None)
-    tree = kd.build(V, F, device="cuda")
+    tree = kd.build(V, F, device="cuda", settings=GpuSettings(level_loop=False))
     assert_same_tree(cpu_reference.build(V, F), tree)
     info = tree.build_info
     assert info["level_loop"] == "stages" and info["loop_launches"] == 0
@@ -277,10 +300,12 @@ def test_gpu_without_cooperative_launch_every_level_runs_by_stages(monkeypatch):
 def test_gpu_level_loop_grid_fits_the_device():
     import cupy
 
-    kernel, grid = builder.level_loop_kernel(cupy)
+    from kdtree_gpu import encoding as enc
+
+    kernel, grid = level_loop.level_loop_kernel(cupy)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
     assert grid % sms == 0 and grid >= sms
-    assert kernel.num_regs * builder._LOOP_BLOCK * (grid // sms) <= 65536
+    assert kernel.num_regs * enc.LOOP_BLOCK * (grid // sms) <= 65536
 
 
 @gpu
@@ -364,10 +389,9 @@ def test_gpu_scans_equal_numpy_cumsum(n):
     # Dirty the memory pool so an element the scan skips shows up as garbage.
     junk = cupy.full(4 * n + 64, -7, dtype=np.int64)
     del junk
-    got = builder.scan_inclusive_cuda(cupy, cupy.asarray(values), "test scan").get()
+    got = inclusive_scan(cupy.asarray(values)).get()
     assert np.array_equal(got, expected)
     other = rng.integers(0, 1000, max(1, n // 3)).astype(np.int64)
-    first, second = builder.scan_pair_cuda(cupy, cupy.asarray(values), cupy.asarray(other),
-                                           "test scan pair")
+    first, second = inclusive_scan_pair(cupy.asarray(values), cupy.asarray(other))
     assert np.array_equal(first.get(), expected)
     assert np.array_equal(second.get(), np.cumsum(other))

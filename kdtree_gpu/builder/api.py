@@ -1,0 +1,181 @@
+"""``kd.build``: check the input, choose the builder, return one kind of result.
+
+Builders (``kernels=``)
+-----------------------
+============  =======  ==========================================================
+kernels       device   what runs
+============  =======  ==========================================================
+"reference"   cpu      the Wald & Havran builder of :mod:`cpu_reference` (numba;
+                       the default on the CPU: the fastest identical tree there)
+"xp"          cpu      the level pipeline (:mod:`.pipeline`) on NumPy
+"xp"          cuda     the same stage functions on CuPy (the kernels' twin)
+"fused"       cuda     the CUDA drivers (:mod:`.gpu`): levels in the level-loop
+                       kernel, large ones one launch per stage (the default)
+"stages"      cuda     the CUDA drivers, every level one launch per stage
+============  =======  ==========================================================
+
+Every builder follows the build rules R1-R10 of :mod:`cpu_reference` and
+makes the same tree under the same :class:`~kdtree_gpu.SAHConfig`; each
+returns a :class:`~kdtree_gpu.KdTree` whose ``build_info`` has one layout:
+``builder`` (``"reference"`` or ``"levels"``), ``device`` (``"cpu"``,
+``"cuda:0"``, ...), ``kernels``, ``seconds`` (wall time of the call), plus
+builder-specific facts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Optional
+
+import numpy as np
+
+from .. import encoding as enc
+from ..arrays import to_numpy
+from ..config import SAHConfig
+from ..device import resolve_device
+from ..launch import Profiler
+from ..mesh import coerce_mesh, prepare_mesh
+from ..tree import KdTree
+from .settings import DEFAULT_SETTINGS, GpuSettings
+
+KERNEL_CHOICES = ("fused", "stages", "xp", "reference")
+_KERNELS_ON = {"cpu": ("reference", "xp"), "cuda": ("fused", "stages", "xp")}
+MAX_TRIANGLES = enc.MAX_TRIANGLES
+
+
+def _as_mesh_arrays(vertices, faces):
+    if faces is None:
+        if hasattr(vertices, "vertices") and hasattr(vertices, "faces"):
+            return vertices.vertices, vertices.faces
+        raise TypeError("build() needs (vertices, faces) or a mesh object with .vertices and .faces")
+    return vertices, faces
+
+
+def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto",
+          profile: bool = False, kernels: Optional[str] = None,
+          settings: Optional[GpuSettings] = None) -> KdTree:
+    """Build a full-SAH kd-tree.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) array_like of float, or a mesh object
+        Vertex positions; or a ``trimesh.Trimesh`` (anything with
+        ``.vertices`` and ``.faces``) with ``faces`` left out.
+    faces : (num_triangles, 3) array_like of int, optional
+    config : SAHConfig, optional
+        Defaults to ``SAHConfig()``.
+    device : str
+        ``"auto"`` (a GPU when usable, else the CPU), ``"cpu"``, ``"gpu"``,
+        ``"cuda"`` or ``"cuda:N"`` (:mod:`kdtree_gpu.device`).
+    profile : bool
+        Record a per-stage time table in ``tree.build_info["profile"]`` and
+        ``["profile_table"]`` (level builders).
+    kernels : str, optional
+        Which builder runs (module docstring); default ``"fused"`` on a GPU,
+        ``"reference"`` on the CPU.
+    settings : GpuSettings, optional
+        How the GPU drivers run their levels (tests use it to reach every
+        path); the default is what the measurements chose.
+
+    Returns
+    -------
+    KdTree
+        The same tree as ``cpu_reference.build`` under the same settings
+        (node order may differ).
+
+    Raises
+    ------
+    MeshError
+        Invalid mesh (see :func:`kdtree_gpu.mesh.validate_mesh`).
+    ValueError
+        Unknown device or kernels, or kernels that do not run on the device.
+    NotImplementedError
+        ``config.clip=True`` with a level builder.
+    MemoryError
+        The build does not fit in device memory (the GPU stays usable).
+    """
+    cfg = SAHConfig() if config is None else config
+    if not isinstance(cfg, SAHConfig):
+        raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
+    dev = resolve_device(device)
+    if kernels is None:
+        kernels = "fused" if dev.is_cuda else "reference"
+    if kernels not in KERNEL_CHOICES:
+        raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
+    if kernels not in _KERNELS_ON[dev.kind]:
+        raise ValueError(f"kernels={kernels!r} does not run on device {str(dev)!r} "
+                         f"(there: {', '.join(_KERNELS_ON[dev.kind])})")
+    settings = DEFAULT_SETTINGS if settings is None else settings
+    vertices, faces = _as_mesh_arrays(vertices, faces)
+    if cfg.clip and kernels != "reference":
+        raise NotImplementedError(
+            "perfect splits (clip=True) are not implemented in the level-by-level builder "
+            "yet; use device='cpu' (the reference builder clips) or clip=False")
+    if np.shape(faces)[0] > MAX_TRIANGLES:
+        raise ValueError(f"too many triangles: {np.shape(faces)[0]} (at most {MAX_TRIANGLES})")
+    start = time.perf_counter()
+    if kernels == "reference":
+        tree = _build_reference(vertices, faces, cfg)
+    else:
+        with dev.use(), (Profiler() if profile else contextlib.nullcontext()) as prof:
+            tree = _build_levels(vertices, faces, cfg, dev, kernels, settings)
+        if profile:
+            tree.build_info["profile"] = prof.as_dict()
+            tree.build_info["profile_table"] = prof.report()
+    tree.build_info.update(device=str(dev), kernels=kernels, seconds=time.perf_counter() - start)
+    return tree
+
+
+def _build_reference(vertices, faces, cfg) -> KdTree:
+    import cpu_reference
+
+    tree = cpu_reference.build(vertices, faces, cfg)
+    tree.build_info = {"builder": "reference", **{k: v for k, v in tree.build_info.items()
+                                                  if k != "builder"}}
+    return tree
+
+
+def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
+    """The level-by-level builder on NumPy, CuPy (``xp``) or the CUDA drivers."""
+    xp = dev.xp
+    if kernels == "xp":
+        from .pipeline import build_levels_xp
+
+        V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
+        with _out_of_memory_is_memory_error(xp, F.shape[0]):
+            nodes, leaf_tris, levels, level_sizes = build_levels_xp(xp, cfg, tri_lo, tri_hi,
+                                                                    valid, bounds)
+            host = [to_numpy(a) for a in (*nodes.args(), leaf_tris)]
+        info = {"levels": levels, "level_sizes": level_sizes}
+        num_degenerate = int((~valid).sum())
+    else:
+        from .gpu import build_levels_cuda
+
+        V, F = coerce_mesh(vertices, faces)
+        with _out_of_memory_is_memory_error(xp, F.shape[0]):
+            host, info = build_levels_cuda(xp, cfg, V, F, loop="grid" if kernels == "fused"
+                                           else "stages", settings=settings)
+        bounds = info.pop("bounds")
+        num_degenerate = info.pop("num_degenerate")
+    node_axis, node_split, node_child, node_count, leaf_tris = host
+    return KdTree(node_axis=node_axis, node_split=node_split, node_child=node_child,
+                  node_count=node_count, leaf_tris=leaf_tris, bounds=bounds, vertices=V,
+                  faces=F, config=cfg, num_degenerate=num_degenerate,
+                  build_info={"builder": "levels", **info})
+
+
+@contextlib.contextmanager
+def _out_of_memory_is_memory_error(xp, num_triangles):
+    if xp is np:
+        yield
+        return
+    try:
+        yield
+    except (xp.cuda.memory.OutOfMemoryError, MemoryError) as exc:
+        # CuPy's pool raises OutOfMemoryError; CUB's temporary storage a
+        # MemoryError ("std::bad_alloc"). Free the cache so the GPU stays usable.
+        xp.get_default_memory_pool().free_all_blocks()
+        raise MemoryError(
+            f"the kd-tree build of {num_triangles} triangles does not fit in GPU memory "
+            f"({exc}); try device='cpu' or a smaller mesh") from None

@@ -1,0 +1,105 @@
+"""The GPU builder's drivers: root preparation, the level loop, one launch per stage.
+
+:func:`build_levels_cuda` runs the levels of one build:
+
+* :mod:`.root`: mesh preparation and the sorted root events on the device;
+* :mod:`.level_loop`: levels of up to ``GpuSettings.loop_max_events``
+  events in cooperative launches of the level-loop kernel (a few launches
+  for all of them, every size kept on the device);
+* :mod:`.level_stages`: larger levels (and every level on devices without
+  cooperative launch) with one launch per stage;
+* :mod:`.output`: the tree's node records and leaf lists on the device.
+
+The stages are the same in all three: the device functions of
+``cuda/build_stages.cuh``, whose NumPy twins are the stage functions of
+:mod:`kdtree_gpu.builder.stages` (the GPU tests compare the two).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ...launch import stage
+from ..soa import EventSoA, NodeSoA, RefSoA
+from ..settings import DEFAULT_SETTINGS
+from .level_loop import build_levels_grid, level_loop_kernel
+from .level_stages import build_level_stages
+from .output import TreeOutput
+from .root import create_root_events_cuda, prepare_mesh_cuda
+
+
+@dataclasses.dataclass
+class LoopState:
+    """Where the level loop stands: the current level and what is written."""
+
+    events: EventSoA
+    refs: RefSoA
+    nodes: NodeSoA
+    level: int = 0
+    level_base: int = 0  # tree nodes written
+    leaf_ref_base: int = 0  # leaf_tris entries written
+    level_sizes: list = dataclasses.field(default_factory=list)
+    done: bool = False
+    peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
+    launches: int = 0  # launches of the level-loop kernel
+    stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
+
+
+def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
+    """The level loop on the GPU.
+
+    Same stages, same rules and same outputs as
+    :func:`kdtree_gpu.builder.pipeline.build_levels_xp`.
+
+    Parameters
+    ----------
+    cp : module
+        ``cupy``.
+    cfg : SAHConfig
+    V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
+        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`.
+    loop : {"grid", "stages"}
+        ``"grid"`` runs levels in the level-loop kernel where the device (and
+        ``settings.level_loop``) allows; ``"stages"`` runs every level with
+        one launch per stage.
+    settings : GpuSettings
+
+    Returns
+    -------
+    host : list of numpy.ndarray
+        node_axis, node_split, node_child, node_count, leaf_tris.
+    info : dict
+        levels, level_sizes, level_loop ("grid" when the level-loop kernel
+        ran, else "stages"), loop_launches, stage_levels (the levels run with
+        one launch per stage), num_degenerate, bounds, peak_device_bytes.
+    """
+    pool = cp.get_default_memory_pool()
+    peak = pool.used_bytes()
+    with stage(xp=cp, description="prepare_mesh"):
+        tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = prepare_mesh_cuda(cp, V, F)
+    num_root = refs.size
+    max_depth = cfg.resolved_max_depth(num_root)
+    with stage(xp=cp, description="create_root_events"):
+        events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
+    state = LoopState(events, refs, nodes)
+    grid_loop = None
+    if loop == "grid" and settings.level_loop:
+        grid_loop = level_loop_kernel(cp)
+    cap_tree = settings.loop_capacity(events.size, num_root)[3]
+    out = TreeOutput(cp, cap_tree, cap_tree)
+    while not state.done:
+        if grid_loop is not None and state.events.size <= settings.loop_max_events:
+            state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop,
+                                      settings)
+            if state.done:
+                break
+            # The loop stopped at a level whose children are too large for it.
+        state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
+    peak = max(peak, state.peak_bytes)
+    with stage(xp=cp, description="download"):
+        host = out.download(state.level_base, state.leaf_ref_base)
+    info = {"levels": state.level, "level_sizes": state.level_sizes,
+            "level_loop": "grid" if state.launches else "stages",
+            "loop_launches": state.launches, "stage_levels": state.stage_levels,
+            "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
+    return host, info

@@ -1,0 +1,156 @@
+"""Levels in one cooperative launch: the level-loop kernel (``cuda/build_loop.cu``).
+
+One launch per stage costs the host a launch, allocations and, per level, a
+read of the next level's sizes: small and mid-size builds are bound by that
+host work. The kernel ``kd_build_levels_grid`` calls the same stage
+functions (``cuda/build_stages.cuh``) level after level, with a grid barrier
+between stages and every size kept on the device: one launch and one read
+for all the levels that fit in its buffers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import encoding as enc
+from ...kernels import get_function
+from ...launch import launch, stage
+from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
+                   RefSoA)
+
+_loop_cache: dict = {}
+
+
+def level_loop_kernel(cp):
+    """The level-loop kernel and its cooperative grid on the current device.
+
+    Returns
+    -------
+    (cupy.RawKernel, int) or None
+        The kernel ``kd_build_levels_grid`` and the number of blocks that are
+        resident at once (blocks per multiprocessor times multiprocessors),
+        or ``None`` when the device cannot run cooperative launches.
+    """
+    device = cp.cuda.Device()
+    if device.id in _loop_cache:
+        return _loop_cache[device.id]
+    attributes = device.attributes
+    result = None
+    if attributes.get("CooperativeLaunch", 0):
+        from cupy_backends.cuda.api import driver
+
+        kernel = get_function("build_loop.cu", "kd_build_levels_grid", cooperative=True)
+        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                  enc.LOOP_BLOCK, 0)
+        if per_sm > 0:
+            result = (kernel, per_sm * attributes["MultiProcessorCount"])
+    _loop_cache[device.id] = result
+    return result
+
+
+class LevelBuffers:
+    """Two levels (ping-pong: slot ``s`` of an array starts at ``s`` times its
+    capacity) and the per-level scratch of the level-loop kernel."""
+
+    def __init__(self, cp, cap_events: int, cap_refs: int, cap_nodes: int):
+        self.cap_events, self.cap_refs, self.cap_nodes = cap_events, cap_refs, cap_nodes
+        self.events = EventSoA.allocate(cp, 2 * cap_events)
+        self.refs = RefSoA.allocate(cp, 2 * cap_refs)
+        # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
+        self.nodes = NodeSoA.allocate(cp, 2 * cap_nodes, node_ref_offset=2 * (2 * cap_nodes + 1),
+                                      seg_event_offset=2 * (6 * cap_nodes + 1))
+        self.scratch = LevelScratch.for_capacity(cp, cap_events, cap_refs, cap_nodes)
+
+    def level(self, slot: int, n: int, num_refs: int, num_events: int):
+        """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``."""
+        e0, r0, n0 = slot * self.cap_events, slot * self.cap_refs, slot * self.cap_nodes
+        ro, so = slot * (2 * self.cap_nodes + 1), slot * (6 * self.cap_nodes + 1)
+        ev, rf, nd = self.events, self.refs, self.nodes
+        return (EventSoA(*(a[e0:e0 + num_events] for a in ev.args())),
+                RefSoA(*(a[r0:r0 + num_refs] for a in rf.args())),
+                NodeSoA(nd.node_lo[n0:n0 + n], nd.node_hi[n0:n0 + n],
+                        nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
+
+
+def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings):
+    """Run levels from ``state`` in cooperative launches of the level-loop kernel.
+
+    When a level's children (or its part of the tree) would not fit, the
+    kernel stops before that level writes anything and says what it needs;
+    the loop is launched again from that level with buffers twice that size,
+    or, when the level's children would have more than
+    ``settings.loop_max_events`` events, returns that level to the caller
+    (who runs it with one launch per stage).
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    state : LoopState
+        The level to start from: the root, or a level the per-stage loop
+        handed back.
+    out : TreeOutput
+        Grown when the tree outgrows it.
+    max_depth : int
+    loop : (cupy.RawKernel, int)
+        From :func:`level_loop_kernel`.
+    settings : GpuSettings
+
+    Returns
+    -------
+    LoopState
+        Done, or the first level whose children are too large for the loop.
+    """
+    kernel, grid = loop
+    pool = cp.get_default_memory_pool()
+    max_events = settings.loop_max_events
+    cap_e, cap_r, cap_n, cap_tree = settings.loop_capacity(state.events.size, state.refs.size)
+    cap_e = max(state.events.size, min(cap_e, max_events))
+    cap_r = max(state.refs.size, min(cap_r, max_events // 3 + 1))
+    cap_n = max(state.nodes.size, cap_n)
+    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree)
+    block_sum = cp.empty(3 * grid, dtype=np.int64)
+    loop_settings = LoopSettings(
+        max_level_events=max_events, max_depth=max_depth, leaf_size=cfg.leaf_size,
+        longest_only=int(cfg.axes == "longest"), k_traversal=cfg.k_traversal,
+        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus).struct()
+    while True:
+        buffers = LevelBuffers(cp, cap_e, cap_r, cap_n)
+        start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
+                           num_events=state.events.size, level=state.level,
+                           level_base=state.level_base, leaf_ref_base=state.leaf_ref_base)
+        capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
+                                tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity)
+        status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+        launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
+               (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
+                start.struct(), buffers.events.struct(), buffers.refs.struct(),
+                buffers.nodes.struct(), buffers.scratch.struct(), block_sum, out.nodes.struct(),
+                out.leaf, capacity.struct(), loop_settings, status),
+               block=enc.LOOP_BLOCK)
+        state.launches += 1
+        state.peak_bytes = max(state.peak_bytes, pool.used_bytes())
+        with stage(xp=cp, description="read_level_counts"):
+            # One read for all the levels of the launch.
+            record = status.get()
+        level = int(record[enc.LOOP_LEVEL])
+        sizes = record[enc.LOOP_SLOTS + 3 * state.level:enc.LOOP_SLOTS + 3 * level]
+        state.level_sizes += [tuple(int(x) for x in row) for row in sizes.reshape(-1, 3)]
+        state.level = level
+        state.level_base = int(record[enc.LOOP_LEVEL_BASE])
+        state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
+        if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
+            state.done = True
+            return state
+        # Stopped at a level: go on from it with buffers twice what it needs.
+        slot = int(record[enc.LOOP_BUFFER])
+        if slot >= 0:
+            state.events, state.refs, state.nodes = buffers.level(
+                slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
+        need_events = int(record[enc.LOOP_NEED_EVENTS])
+        if need_events > max_events:
+            return state
+        cap_e = max(cap_e, min(2 * need_events, max_events))
+        cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
+        cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
+        out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
+                    2 * int(record[enc.LOOP_NEED_LEAF_REFS]))

@@ -1,0 +1,162 @@
+"""One level with one launch per stage (the kernels of ``cuda/build.cu``).
+
+Used for levels too large for the level-loop kernel and on devices without
+cooperative launch: every array has the level's exact size, and one
+device-to-host read of four counts per level sizes the next one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import encoding as enc
+from ...kernels import get_function
+from ...launch import launch, stage
+from ...primitives import inclusive_scan, inclusive_scan_pair
+from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
+
+_SOURCE = "build.cu"
+
+
+def _kernel(name):
+    return get_function(_SOURCE, name)
+
+
+def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings):
+    """Run one level from ``state`` with one launch per stage.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    state : LoopState
+    out : TreeOutput
+    max_depth : int
+    settings : GpuSettings
+
+    Returns
+    -------
+    LoopState
+        The next level, or done.
+    """
+    i64, f64 = np.int64, np.float64
+    events, refs, nodes = state.events, state.refs, state.nodes
+    n, num_refs, num_events = nodes.size, refs.size, events.size
+    level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
+    longest_only = np.int32(cfg.axes == "longest")
+    state.level_sizes.append((n, num_refs, num_events))
+    state.stage_levels.append(level)
+    level_active = np.int32(level < max_depth)
+    # Small levels run the block-wide kernels: one launch per group of
+    # stages between grid-wide dependencies (launch overhead dominates them).
+    small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
+    # -- compute_split_costs (R5-R7)
+    open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
+    seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
+    seg_best = cp.empty(3 * n, dtype=np.uint64)
+    if small:
+        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
+               (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
+                seg_best))
+    else:
+        open_close = cp.empty(num_events + 1, dtype=np.int64)
+        launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
+               max(num_events, 3 * n),
+               (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
+                i64(3 * n), open_close, seg_min_cost, seg_best))
+        open_close_ex = inclusive_scan(open_close, description="compute_split_costs: scan")
+    event_cost = cp.empty(num_events, dtype=np.float64)
+    event_side = cp.empty(num_events, dtype=np.int8)
+    launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
+           (events.event_pos, events.event_seg, open_close_ex,
+            nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
+            i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
+            f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
+            event_side, seg_min_cost))
+    # -- select_best_splits (R8): the cost kernel left each segment's
+    # minimum cost; this pass finds its lowest event index.
+    launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
+           (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
+    best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
+                     node_axis=cp.empty(n, dtype=np.int8),
+                     node_pos=cp.empty(n, dtype=np.float32),
+                     node_side=cp.empty(n, dtype=np.int8))
+    node_split = cp.empty(n, dtype=bool)
+    split_leaf = cp.empty(n + 1, dtype=np.int64)
+    select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
+                   i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
+                   best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
+                   split_leaf)
+    # -- decide_leaves (R4, R8)
+    if small:
+        split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
+        launch("select_best_splits", _kernel("kd_small_select_scan"),
+               enc.SCAN_BLOCK,
+               select_args + (split_leaf_ex,))
+    else:
+        launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
+        split_leaf_ex = inclusive_scan(split_leaf, description="decide_leaves: scan")
+    # -- classify_triangles (R9) and the routing flags of the events
+    ref_class = cp.empty(num_refs, dtype=np.uint8)
+    ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
+    event_lr = cp.empty(num_events + 1, dtype=np.int64)
+    launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
+           (*refs.args(), events.event_ref, best.node_axis, best.node_pos,
+            best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
+            ref_class, ref_lr, event_lr))
+    # -- route_refs and route_events: where every copy goes
+    totals = cp.empty(4, dtype=np.int64)
+    if small:
+        ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
+        event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
+        child_count = cp.empty(8 * n + 2, dtype=np.int64)
+        child_offset = cp.empty(8 * n + 2, dtype=np.int64)
+        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+        child_ref_offset = child_offset[:2 * n + 1]
+        child_event_offset = child_offset[2 * n + 1:]
+        launch("route", _kernel("kd_small_route"), enc.SCAN_BLOCK,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
+                ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
+                child_ref_offset, child_event_offset, totals))
+    else:
+        ref_lr_ex, event_lr_ex = inclusive_scan_pair(ref_lr, event_lr, "route: scans")
+        child_count = cp.zeros(8 * n + 2, dtype=np.int64)
+        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
+        launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
+        child_ref_offset, child_event_offset = inclusive_scan_pair(
+            child_ref_count, child_event_count, "route: offset scans")
+        launch("read_level_counts", _kernel("kd_level_totals"), 1,
+               (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
+    with stage(xp=cp, description="read_level_counts"):
+        # The one deliberate device-to-host read per level: sizes of the next level.
+        num_split, num_child_refs, num_child_events, num_leaf_refs = (
+            int(c) for c in totals.get())
+    # -- emit_level (R10) and make_child_nodes
+    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+    child_nodes = NodeSoA.allocate(cp, 2 * num_split, node_ref_offset=0, seg_event_offset=0)
+    launch("emit_level", _kernel("kd_emit_nodes"), n,
+           (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
+            nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.nodes.args(),
+            child_nodes.node_lo, child_nodes.node_hi))
+    # -- split_refs and split_events (and the level's leaf lists)
+    child_refs = RefSoA.allocate(cp, num_child_refs)
+    child_events = EventSoA.allocate(cp, num_child_events)
+    launch("split_refs_and_events", _kernel("kd_scatter"), max(num_refs, num_events),
+           (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
+            split_leaf_ex, child_ref_offset, *events.args(), event_lr_ex, nodes.seg_event_offset,
+            child_event_offset, i64(n), i64(num_refs), i64(num_events), i64(leaf_ref_base),
+            out.leaf, *child_refs.args(), *child_events.args()))
+    # Both levels' arrays are alive here: the build's high-water mark.
+    state.peak_bytes = max(state.peak_bytes, cp.get_default_memory_pool().used_bytes())
+    state.level_base = level_base + n
+    state.leaf_ref_base = leaf_ref_base + num_leaf_refs
+    state.level = level + 1
+    if num_split == 0:
+        state.done = True
+        return state
+    child_nodes.node_ref_offset = child_ref_offset[:2 * num_split + 1]
+    child_nodes.seg_event_offset = child_event_offset[:6 * num_split + 1]
+    state.events, state.refs, state.nodes = child_events, child_refs, child_nodes
+    return state

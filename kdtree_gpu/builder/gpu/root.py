@@ -1,0 +1,119 @@
+"""The root level on the device: mesh preparation (R1) and the sorted root events (R3).
+
+The GPU twin of :func:`kdtree_gpu.mesh.prepare_mesh` and
+:func:`kdtree_gpu.builder.stages.create_root_events`, with one device-to-host
+read (the summary record that sizes everything after it).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import encoding as enc
+from ...kernels import get_function
+from ...launch import launch, stage
+from ...mesh import MeshError, validate_mesh
+from ...primitives import inclusive_scan, ordered_uint_to_float
+from ..soa import EventSoA, NodeSoA, RefSoA
+
+_SOURCE = "build.cu"
+_init_cache: dict = {}
+
+
+def _summary_init(cp):
+    # Flags and counts start at 0, the box minimum at the largest key and the
+    # maximum at the smallest (order-preserving bits): a cached device copy.
+    device = cp.cuda.Device().id
+    init = _init_cache.get(device)
+    if init is None:
+        host = np.zeros(enc.SUMMARY_SLOTS, dtype=np.uint64)
+        host[enc.SUMMARY_LO:enc.SUMMARY_HI] = 0xFFFFFFFF
+        init = _init_cache[device] = cp.asarray(host)
+    return init
+
+
+def prepare_mesh_cuda(cp, V, F):
+    """Rule R1 on the device: triangle boxes, degenerate test, the root level.
+
+    Parameters
+    ----------
+    V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
+        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`.
+
+    Returns
+    -------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    refs : RefSoA
+        The root's references: the non-degenerate triangles, ascending.
+    nodes : NodeSoA
+        The root node (box and offsets; events per axis from ``planar``).
+    bounds : (2, 3) float32 (host)
+    planar : (3,) int (host)
+        Valid triangles that are flat on each axis (one event instead of two).
+    num_degenerate : int
+
+    Raises
+    ------
+    MeshError
+        Out-of-range indices or non-finite coordinates (named by
+        :func:`kdtree_gpu.mesh.validate_mesh`), or no valid triangle.
+    """
+    m = int(F.shape[0])
+    V_d = cp.asarray(V)
+    F_d = cp.asarray(F)
+    tri_lo = cp.empty((m, 3), dtype=np.float32)
+    tri_hi = cp.empty((m, 3), dtype=np.float32)
+    valid = cp.empty(m, dtype=np.int64)
+    summary = _summary_init(cp).copy()
+    launch("prepare_mesh", get_function(_SOURCE, "kd_prepare_triangles"), m,
+           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, summary),
+           block=enc.PREPARE_BLOCK)
+    # One deliberate read: problems, root box and event counts size everything after.
+    host = summary.get()
+    if host[enc.SUMMARY_FLAGS] != 0:
+        validate_mesh(V, F)  # names the first bad vertex or face
+        raise MeshError("invalid mesh (non-finite coordinates or out-of-range indices)")
+    num_valid = int(host[enc.SUMMARY_VALID])
+    if num_valid == 0:
+        raise MeshError(f"all {m} triangles are degenerate (zero area); nothing to build")
+    box_bits = host[enc.SUMMARY_LO:enc.SUMMARY_SLOTS].astype(np.uint32)
+    bounds = ordered_uint_to_float(box_bits).reshape(2, 3).copy()
+    planar = host[enc.SUMMARY_PLANAR:enc.SUMMARY_LO].astype(np.int64)
+    # The root level: references numbered by a scan of the valid flags.
+    valid_scan = inclusive_scan(valid, description="prepare_mesh: number references")
+    refs = RefSoA.allocate(cp, num_valid)
+    nodes = NodeSoA.allocate(cp, 1)
+    launch("prepare_mesh: root level", get_function(_SOURCE, "kd_root_level"), m,
+           (valid_scan, np.int64(m), summary, *refs.args(), *nodes.args()))
+    return tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
+
+
+def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
+    """Rule R3 on the device: one key per event, one radix sort, decode.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    ref_tri : (num_refs,) int32 (device)
+    planar : (3,) int (host)
+        From :func:`prepare_mesh_cuda`.
+
+    Returns
+    -------
+    EventSoA
+        Sorted by (axis, position, kind, reference); segment = axis.
+    """
+    num_refs = int(ref_tri.shape[0])
+    keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
+    launch("create_root_events: keys", get_function(_SOURCE, "kd_root_event_keys"), num_refs,
+           (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
+    total = sum(2 * num_refs - int(p) for p in planar)
+    with stage(xp=cp, description="create_root_events: sort"):
+        # Keys are unique and start with the axis, so one sort gives rule R3's
+        # order on every axis; planar triangles' unused slots hold the largest
+        # key and sort after all real events.
+        sorted_keys = cp.sort(keys)
+    events = EventSoA.allocate(cp, total)
+    launch("create_root_events: decode", get_function(_SOURCE, "kd_root_events_decode"), total,
+           (sorted_keys, np.int64(total), *events.args()))
+    return events

@@ -1,0 +1,244 @@
+"""The builder's structures of arrays and kernel argument structs, declared once.
+
+Layout of a level (the method of GAPT part 11, section 11.2, made exact)
+------------------------------------------------------------------------
+* Events of all nodes and all three axes in one :class:`EventSoA`, ordered
+  by segment, then position, kind and reference. A segment is one (axis,
+  node) pair: ``seg = axis * n + node`` for the ``n`` nodes of the level.
+* Triangle references (node-triangle pairs) in one :class:`RefSoA`, ordered
+  by node, then triangle index.
+* Node boxes and offsets in one :class:`NodeSoA`.
+
+Each SoA has a C twin (``c_name``) generated from the same declaration
+(:func:`kdtree_gpu.soa.cuda_struct`): the level-loop kernel takes its
+levels, scratch arrays and outputs as these structs, and its sizes and
+settings as the scalar structs below, instead of a long list of parameters
+that would have to match by position.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from .. import encoding as enc
+from ..soa import ScalarStruct, SoA, scalar_field, soa_field
+
+
+@dataclasses.dataclass
+class EventSoA(SoA):
+    """Events of all nodes of a level, all three axes in one array.
+
+    Attributes
+    ----------
+    event_pos : (num_events,) float32
+    event_kind : (num_events,) int8
+        ``EVENT_END < EVENT_PLANAR < EVENT_START``.
+    event_ref : (num_events,) int32
+        Index of the event's triangle reference in the level's ``RefSoA``.
+    event_seg : (num_events,) int32
+        ``axis * num_nodes + node``; events are sorted by segment first.
+    """
+
+    c_name = "KdEvents"
+
+    event_pos: object = soa_field(enc.EVENT_POS_DTYPE)
+    event_kind: object = soa_field(enc.EVENT_KIND_DTYPE)
+    event_ref: object = soa_field(enc.EVENT_TRI_DTYPE)
+    event_seg: object = soa_field(np.int32)
+
+
+@dataclasses.dataclass
+class RefSoA(SoA):
+    """Triangle references (node-triangle pairs) of a level, sorted by node.
+
+    Attributes
+    ----------
+    ref_tri : (num_refs,) int32
+        Triangle index into the mesh.
+    ref_node : (num_refs,) int32
+        Node (within the level) holding the reference.
+    """
+
+    c_name = "KdRefs"
+
+    ref_tri: object = soa_field(np.int32)
+    ref_node: object = soa_field(np.int32)
+
+
+@dataclasses.dataclass
+class NodeSoA(SoA):
+    """Nodes of one level.
+
+    Attributes
+    ----------
+    node_lo, node_hi : (num_nodes, 3) float32
+        Node boxes.
+    node_ref_offset : (num_nodes + 1,) int64
+        Node ``i`` owns references ``[node_ref_offset[i], node_ref_offset[i+1])``.
+    seg_event_offset : (3 * num_nodes + 1,) int64
+        Segment ``s = axis * num_nodes + node`` owns events
+        ``[seg_event_offset[s], seg_event_offset[s+1])``.
+    """
+
+    c_name = "KdNodes"
+
+    node_lo: object = soa_field(np.float32, width=3)
+    node_hi: object = soa_field(np.float32, width=3)
+    node_ref_offset: object = soa_field(np.int64, extra=1)
+    seg_event_offset: object = soa_field(np.int64, scale=3, extra=1)
+
+
+@dataclasses.dataclass
+class TreeNodeSoA(SoA):
+    """The tree's node records as the builder writes them (see :class:`kdtree_gpu.KdTree`).
+
+    Attributes
+    ----------
+    node_axis : (num_nodes,) int8
+    node_split : (num_nodes,) float32
+    node_child : (num_nodes,) int32
+    node_count : (num_nodes,) int32
+    """
+
+    c_name = "KdTreeNodes"
+
+    node_axis: object = soa_field(enc.NODE_AXIS_DTYPE)
+    node_split: object = soa_field(enc.NODE_SPLIT_DTYPE)
+    node_child: object = soa_field(enc.NODE_CHILD_DTYPE)
+    node_count: object = soa_field(enc.NODE_COUNT_DTYPE)
+
+
+@dataclasses.dataclass
+class LevelScratch(SoA):
+    """Per-level work arrays of the GPU stages, sized by level capacities.
+
+    Rows: ``E`` events, ``R`` references, ``N`` nodes of the level (see
+    :meth:`for_capacity`). The stage functions of ``cuda/build_stages.cuh``
+    name them the same way.
+    """
+
+    c_name = "KdLevelScratch"
+
+    open_close_ex: object = soa_field(np.int64)  # (E + 1) packed (opens, closes) scan
+    seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
+    seg_best: object = soa_field(np.uint64)  # (3N) event index
+    event_cost: object = soa_field(np.float64)  # (E)
+    event_side: object = soa_field(np.int8)  # (E)
+    best_cost: object = soa_field(np.float64)  # (N)
+    best_axis: object = soa_field(np.int8)  # (N)
+    best_pos: object = soa_field(np.float32)  # (N)
+    best_side: object = soa_field(np.int8)  # (N)
+    node_split: object = soa_field(np.bool_)  # (N)
+    split_leaf: object = soa_field(np.int64)  # (N + 1) packed (split, leaf refs)
+    split_leaf_ex: object = soa_field(np.int64)  # (N + 1) its scan
+    ref_class: object = soa_field(np.uint8)  # (R)
+    ref_lr: object = soa_field(np.int64)  # (R + 1) packed (left, right) flags
+    ref_lr_ex: object = soa_field(np.int64)  # (R + 1) their scan
+    event_lr_ex: object = soa_field(np.int64)  # (E + 1)
+    child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
+
+    @classmethod
+    def for_capacity(cls, xp, cap_events: int, cap_refs: int, cap_nodes: int) -> "LevelScratch":
+        """Scratch for levels of up to these many events, references and nodes."""
+        e, r, n = cap_events, cap_refs, cap_nodes
+        rows = {"open_close_ex": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
+                "event_cost": e, "event_side": e, "best_cost": n, "best_axis": n, "best_pos": n,
+                "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
+                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "event_lr_ex": e + 1,
+                "child_count": 8 * n + 2}
+        return cls.allocate(xp, 0, **rows)
+
+
+@dataclasses.dataclass
+class BestSplit:
+    """Per-node outcome of the split search (the NumPy pipeline's view of it).
+
+    Attributes
+    ----------
+    node_cost : (num_nodes,) float64
+        Best split cost (``inf`` when there is no candidate).
+    node_axis : (num_nodes,) int8
+    node_pos : (num_nodes,) float32
+    node_side : (num_nodes,) int8
+        Side of the planar triangles lying in the plane (``SIDE_LEFT``/``SIDE_RIGHT``).
+    """
+
+    node_cost: object
+    node_axis: object
+    node_pos: object
+    node_side: object
+
+
+@dataclasses.dataclass
+class ChildRoute:
+    """Where the left and right copies of grouped elements go in the children.
+
+    Elements (references or events) are grouped (by node or segment); the
+    copies of group ``g``'s elements go, in order, to child groups
+    ``child_left[g]`` and ``child_left[g] + 1``.
+
+    Attributes
+    ----------
+    dst_left, dst_right : (num_elements,) int64
+        Destination index of each copy; ``total`` (a dummy slot) where none.
+    child_offset : (num_child_groups_max + 1,) int64
+        Exclusive scan of the child group sizes.
+    total : 0-d int64
+        Number of copies (device scalar until read).
+    """
+
+    dst_left: object
+    dst_right: object
+    child_offset: object
+    total: object
+
+
+# --- scalar structs of the level-loop kernel -------------------------------------
+@dataclasses.dataclass
+class LevelSizes(ScalarStruct):
+    """Where a level stands: its sizes and what the tree holds before it."""
+
+    c_name = "KdLevelSizes"
+
+    num_nodes: int = scalar_field(np.int64)
+    num_refs: int = scalar_field(np.int64)
+    num_events: int = scalar_field(np.int64)
+    level: int = scalar_field(np.int64)
+    level_base: int = scalar_field(np.int64)  # tree nodes written before the level
+    leaf_ref_base: int = scalar_field(np.int64)  # leaf_tris entries written before it
+
+
+@dataclasses.dataclass
+class LoopCapacity(ScalarStruct):
+    """Rows of the level buffers (per slot) and of the tree output."""
+
+    c_name = "KdLoopCapacity"
+
+    events: int = scalar_field(np.int64)
+    refs: int = scalar_field(np.int64)
+    nodes: int = scalar_field(np.int64)
+    tree_nodes: int = scalar_field(np.int64)
+    leaf_refs: int = scalar_field(np.int64)
+
+
+@dataclasses.dataclass
+class LoopSettings(ScalarStruct):
+    """The build settings the level-loop kernel reads (from ``SAHConfig``)."""
+
+    c_name = "KdLoopSettings"
+
+    max_level_events: int = scalar_field(np.int64)  # larger levels go back to the host
+    max_depth: int = scalar_field(np.int64)
+    leaf_size: int = scalar_field(np.int64)
+    longest_only: int = scalar_field(np.int32)
+    k_traversal: float = scalar_field(np.float64)
+    k_intersect: float = scalar_field(np.float64)
+    empty_bonus: float = scalar_field(np.float64)
+
+
+# Every struct the CUDA sources see, in dependency order (kdtree_gpu.kernels
+# renders them into the generated preamble).
+CUDA_STRUCTS = (EventSoA, RefSoA, NodeSoA, TreeNodeSoA, LevelScratch, LevelSizes, LoopCapacity,
+                LoopSettings)

@@ -1,0 +1,145 @@
+"""Sorting, binary search and stream compaction (NumPy and CuPy).
+
+Only :func:`compact` and :func:`compact_indices` read from the device (the
+count that sizes their output). Everything else is launched asynchronously.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..arrays import get_xp
+from ..launch import stage
+from .keys import _FLOAT_UINT, float_to_ordered_uint
+from .scan import _check_1d
+
+
+def lower_bound(sorted_values, queries):
+    """First position where each query could be inserted keeping the order.
+
+    Parameters
+    ----------
+    sorted_values : (m,) ascending
+    queries : (q,) same kind
+
+    Returns
+    -------
+    index : (q,) int64
+        Smallest ``j`` with ``sorted_values[j] >= query`` (``m`` if none).
+    """
+    xp = get_xp(sorted_values, queries)
+    _check_1d("sorted_values", sorted_values)
+    return xp.searchsorted(sorted_values, queries, side="left").astype(np.int64, copy=False)
+
+
+def upper_bound(sorted_values, queries):
+    """Last position where each query could be inserted keeping the order.
+
+    Parameters
+    ----------
+    sorted_values : (m,) ascending
+    queries : (q,) same kind
+
+    Returns
+    -------
+    index : (q,) int64
+        Smallest ``j`` with ``sorted_values[j] > query`` (``m`` if none).
+    """
+    xp = get_xp(sorted_values, queries)
+    _check_1d("sorted_values", sorted_values)
+    return xp.searchsorted(sorted_values, queries, side="right").astype(np.int64, copy=False)
+
+
+def _sort_key(keys):
+    if keys.dtype.kind == "f":
+        # bits order: -0.0 before +0.0 on both backends (NumPy's argsort ties them)
+        return float_to_ordered_uint(keys if keys.dtype in _FLOAT_UINT else keys.astype(np.float32))
+    if keys.dtype.kind in "iub":
+        return keys
+    raise TypeError(f"radix_sort keys must be integers, bools or floats, got dtype {keys.dtype}")
+
+
+def radix_sort(keys, values=None):
+    """Stable sort by key, carrying values along.
+
+    Parameters
+    ----------
+    keys : (n,) int, uint, bool or float
+        Floats are ordered by :func:`float_to_ordered_uint` (``-0.0`` before
+        ``+0.0``; NaN with the sign bit clear last).
+    values : (n,) array, tuple of (n,) arrays, or None
+
+    Returns
+    -------
+    keys_sorted : (n,) keys.dtype
+    values_sorted : (n,) array or tuple of arrays
+        Only when ``values`` is given; a tuple when ``values`` is a tuple.
+        Equal keys keep their input order.
+    """
+    xp = get_xp(keys, *(values if isinstance(values, tuple) else (values,)))
+    _check_1d("keys", keys)
+    n = keys.shape[0]
+    value_list = values if isinstance(values, tuple) else (() if values is None else (values,))
+    for i, v in enumerate(value_list):
+        if v.shape[0] != n:
+            raise ValueError(f"values[{i}] has {v.shape[0]} entries, keys has {n}")
+    with stage("radix sort", xp):
+        if xp is np:
+            order = np.argsort(_sort_key(keys), kind="stable")
+        else:
+            # CuPy's argsort is Thrust's stable radix sort for primitive keys
+            order = xp.argsort(_sort_key(keys))
+        keys_sorted = keys[order]
+        sorted_values = tuple(v[order] for v in value_list)
+    if values is None:
+        return keys_sorted
+    return keys_sorted, (sorted_values if isinstance(values, tuple) else sorted_values[0])
+
+
+def compact_indices(mask):
+    """Positions of the ``True`` entries, in order.
+
+    Parameters
+    ----------
+    mask : (n,) bool
+
+    Returns
+    -------
+    index : (count,) int64
+
+    Notes
+    -----
+    On the GPU this reads the count from the device (a synchronization).
+    """
+    xp = get_xp(mask)
+    _check_1d("mask", mask)
+    if mask.dtype != np.bool_:
+        raise TypeError(f"mask must be a bool array, got dtype {mask.dtype}")
+    return xp.nonzero(mask)[0].astype(np.int64, copy=False)
+
+
+def compact(mask, *arrays):
+    """Stable stream compaction of several arrays by one mask.
+
+    Parameters
+    ----------
+    mask : (n,) bool
+    *arrays : (n, ...) arrays
+        Compacted along their first axis.
+
+    Returns
+    -------
+    count : int
+        Number of ``True`` entries (a host integer; a device-to-host read on
+        the GPU).
+    compacted : tuple of (count, ...) arrays
+        The kept rows of each array, in input order.
+    """
+    xp = get_xp(mask, *arrays)
+    index = compact_indices(mask)
+    n = mask.shape[0]
+    for i, a in enumerate(arrays):
+        if a.shape[0] != n:
+            raise ValueError(f"array {i} has {a.shape[0]} rows, mask has {n}")
+    count = int(index.shape[0])
+    return count, tuple(a[index] for a in arrays)
