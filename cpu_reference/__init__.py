@@ -68,6 +68,7 @@ R10 Output. A split appends two adjacent nodes (left, right) and records
     (``KdTree.compare``).
 """
 
+from .warmup import WarmUp, warm_up
 from .wald_havran import build
 
-__all__ = ["build"]
+__all__ = ["build", "warm_up", "WarmUp"]

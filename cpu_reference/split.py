@@ -1,0 +1,305 @@
+"""Splitting a node: its triangles and events go to two children (rule R9).
+
+Wald & Havran §4.4: one pass over the split axis's events classifies every
+triangle left, right or both, and one pass per axis splices the events into
+the two children in order, so that the children never sort again. With
+perfect splits (§4.3) the straddling triangles are clipped to each child's
+box and only their new events are sorted and merged in.
+
+The node's events are a segment of the event pools (see
+:mod:`cpu_reference.subtree`); :func:`split_node` writes the left child's
+events over them and the right child's right after, with room made by the
+caller.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from kdtree_gpu import encoding as enc
+
+from .clip import POLY_BUFFER_SHAPE, clip_child_box_into
+from .events import make_events, merge_events_backward, merge_events_into, sort_events
+
+
+@numba.njit(cache=True)
+def make_split_buffers(max_events, max_tris, clip):
+    """Work buffers of :func:`split_node`, allocated once per subtree.
+
+    Parameters
+    ----------
+    max_events : int
+        Most events of one axis in any node of the subtree (its root's).
+    max_tris : int
+        Most triangles in any node of the subtree (its root's).
+    clip : bool
+        Perfect splits; without them the clipping buffers are 1 row long.
+
+    Returns
+    -------
+    tuple of arrays
+        ``(scratch_pos, scratch_kind, scratch_tri)`` : (3, max_events)
+        the right child's kept events; ``both_tris`` : (n,) int32;
+        ``new_lo, new_hi`` : (n, 3) float32 clipped boxes;
+        ``new_pos, new_kind, new_tri`` : (2 n,) new events, with
+        ``n = max_tris`` when clipping, else 1; ``kept_left, kept_right`` :
+        (3,) int64; ``child_lo, child_hi`` : (3,) float32.
+    """
+    n_clip = max(max_tris, 1) if clip else 1
+    return (np.empty((3, max_events), dtype=np.float32),
+            np.empty((3, max_events), dtype=np.int8),
+            np.empty((3, max_events), dtype=np.int32),
+            np.empty(n_clip, dtype=np.int32),
+            np.empty((n_clip, 3), dtype=np.float32),
+            np.empty((n_clip, 3), dtype=np.float32),
+            np.empty(2 * n_clip, dtype=np.float32),
+            np.empty(2 * n_clip, dtype=np.int8),
+            np.empty(2 * n_clip, dtype=np.int32),
+            np.empty(3, dtype=np.int64),
+            np.empty(3, dtype=np.int64),
+            np.empty(3, dtype=np.float32),
+            np.empty(3, dtype=np.float32))
+
+
+@numba.njit(cache=True)
+def split_node(vertices, faces, pool_pos, pool_kind, pool_tri, seg_start, seg_count, node_lo,
+               node_hi, axis, split_pos, side, clip, tri_class, tri_box_lo, tri_box_hi, buffers,
+               left_count, right_count):
+    """Split a node's events into its two children (rule R9).
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+    pool_pos, pool_kind, pool_tri : (3, capacity) float32, int8, int32
+        Event pools; the node's events on axis k are
+        ``[seg_start[k], seg_start[k] + seg_count[k])``, with room for twice
+        as many from ``seg_start[k]`` on.
+    seg_start, seg_count : (3,) int64
+    node_lo, node_hi : (3,) float32
+        The node's box.
+    axis : int
+    split_pos : float32
+    side : int
+        ``SIDE_LEFT`` or ``SIDE_RIGHT``: where triangles on the plane go.
+    clip : bool
+        Perfect splits: clip the straddling triangles to each child.
+    tri_class : (num_triangles,) int8
+    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
+        Work arrays indexed by triangle (only the node's rows are touched);
+        the boxes are used only when clipping.
+    buffers : tuple
+        From :func:`make_split_buffers`.
+    left_count, right_count : (3,) int64
+        Output: the children's events per axis. The left child's start at
+        ``seg_start``, the right child's at ``seg_start + left_count``.
+
+    Returns
+    -------
+    num_left, num_right : int
+        Triangles in each child.
+    """
+    (scratch_pos, scratch_kind, scratch_tri, both_tris, new_lo, new_hi, new_pos, new_kind,
+     new_tri, kept_left, kept_right, child_lo, child_hi) = buffers
+
+    # --- classify triangles (§4.4)
+    num_left, num_right = classify_triangles(
+        pool_pos, pool_kind, pool_tri, seg_start, seg_count, axis, split_pos, side, tri_class)
+    num_both = 0
+    if clip:
+        # the straddling triangles, listed before the events are overwritten
+        for i in range(seg_start[axis], seg_start[axis] + seg_count[axis]):
+            if pool_kind[axis, i] != enc.EVENT_END:
+                t = pool_tri[axis, i]
+                if tri_class[t] == enc.CLASS_BOTH:
+                    both_tris[num_both] = t
+                    num_both += 1
+
+    # --- splice events into the children, in order
+    split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, clip,
+                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                 kept_right)
+    if not clip:
+        for k in range(3):
+            left_count[k] = kept_left[k]
+            right_count[k] = kept_right[k]
+            dst = seg_start[k] + kept_left[k]
+            pool_pos[k, dst:dst + kept_right[k]] = scratch_pos[k, :kept_right[k]]
+            pool_kind[k, dst:dst + kept_right[k]] = scratch_kind[k, :kept_right[k]]
+            pool_tri[k, dst:dst + kept_right[k]] = scratch_tri[k, :kept_right[k]]
+        return num_left, num_right
+
+    # --- perfect splits (§4.3): clip straddling triangles, merge their new events
+    both = both_tris[:num_both]
+    # left child first: its events stay where the node's were
+    for k in range(3):
+        child_lo[k] = node_lo[k]
+        child_hi[k] = node_hi[k]
+    child_hi[axis] = split_pos
+    clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
+                    new_lo, new_hi)
+    for k in range(3):
+        m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
+        sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
+        merge_events_backward(pool_pos[k], pool_kind[k], pool_tri[k], seg_start[k],
+                              kept_left[k], new_pos, new_kind, new_tri, m)
+        left_count[k] = kept_left[k] + m
+    # right child: kept events in scratch, merged in after the left child
+    for k in range(3):
+        child_lo[k] = node_lo[k]
+        child_hi[k] = node_hi[k]
+    child_lo[axis] = split_pos
+    clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
+                    new_lo, new_hi)
+    for k in range(3):
+        m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
+        sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
+        merge_events_into(pool_pos[k], pool_kind[k], pool_tri[k], seg_start[k] + left_count[k],
+                          scratch_pos[k], scratch_kind[k], scratch_tri[k], kept_right[k],
+                          new_pos, new_kind, new_tri, m)
+        right_count[k] = kept_right[k] + m
+    return num_left, num_right
+
+
+@numba.njit(cache=True)
+def classify_triangles(pool_pos, pool_kind, pool_tri, seg_start, seg_count, axis, split_pos,
+                       side, tri_class):
+    """Classify the node's triangles for a split (rule R9), Wald & Havran §4.4.
+
+    Parameters
+    ----------
+    pool_pos, pool_kind, pool_tri : (3, capacity) float32, int8, int32
+    seg_start, seg_count : (3,) int64
+    axis : int
+    split_pos : float32
+    side : int
+        Side of the planar triangles on the plane.
+    tri_class : (num_triangles,) int8
+        Written with ``CLASS_LEFT``, ``CLASS_RIGHT`` or ``CLASS_BOTH`` for
+        every triangle of the node.
+
+    Returns
+    -------
+    num_left, num_right : int
+        Triangles in each child.
+    """
+    start = seg_start[axis]
+    end = start + seg_count[axis]
+    pos = pool_pos[axis]
+    kind = pool_kind[axis]
+    tri = pool_tri[axis]
+    num_left = 0
+    num_right = 0
+    # every triangle has exactly one START or PLANAR event on the axis
+    for i in range(start, end):
+        if kind[i] != enc.EVENT_END:
+            tri_class[tri[i]] = enc.CLASS_BOTH
+    for i in range(start, end):
+        p = pos[i]
+        e = kind[i]
+        t = tri[i]
+        if e == enc.EVENT_END:
+            if p <= split_pos:
+                tri_class[t] = enc.CLASS_LEFT
+        elif e == enc.EVENT_START:
+            if p >= split_pos:
+                tri_class[t] = enc.CLASS_RIGHT
+        else:
+            if p < split_pos or (p == split_pos and side == enc.SIDE_LEFT):
+                tri_class[t] = enc.CLASS_LEFT
+            else:
+                tri_class[t] = enc.CLASS_RIGHT
+    for i in range(start, end):
+        if kind[i] != enc.EVENT_END:
+            c = tri_class[tri[i]]
+            if c & enc.CLASS_LEFT:
+                num_left += 1
+            if c & enc.CLASS_RIGHT:
+                num_right += 1
+    return num_left, num_right
+
+
+@numba.njit(cache=True)
+def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, skip_both,
+                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                 kept_right):
+    """Splice each axis's events into the two children, keeping their order.
+
+    The left child's events are written in place over the node's (a
+    subsequence never overtakes the read position), the right child's into
+    the scratch buffers.
+
+    Parameters
+    ----------
+    pool_pos, pool_kind, pool_tri : (3, capacity)
+    seg_start, seg_count : (3,) int64
+    tri_class : (num_triangles,) int8
+    skip_both : bool
+        Leave out the events of straddling triangles (perfect splits make new
+        ones) and record their current boxes in ``tri_box_lo``/``tri_box_hi``.
+    scratch_pos, scratch_kind, scratch_tri : (3, max_events)
+        Receive the right child's kept events.
+    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
+    kept_left, kept_right : (3,) int64
+        Output: events kept per axis for each child.
+    """
+    for k in range(3):
+        pos = pool_pos[k]
+        kind = pool_kind[k]
+        tri = pool_tri[k]
+        s_pos = scratch_pos[k]
+        s_kind = scratch_kind[k]
+        s_tri = scratch_tri[k]
+        w_left = seg_start[k]
+        w_right = 0
+        for i in range(seg_start[k], seg_start[k] + seg_count[k]):
+            p = pos[i]
+            e = kind[i]
+            t = tri[i]
+            c = tri_class[t]
+            if skip_both and c == enc.CLASS_BOTH:
+                if e != enc.EVENT_END:
+                    tri_box_lo[t, k] = p
+                if e != enc.EVENT_START:
+                    tri_box_hi[t, k] = p
+                continue
+            if c & enc.CLASS_RIGHT:
+                s_pos[w_right] = p
+                s_kind[w_right] = e
+                s_tri[w_right] = t
+                w_right += 1
+            if c & enc.CLASS_LEFT:
+                pos[w_left] = p
+                kind[w_left] = e
+                tri[w_left] = t
+                w_left += 1
+        kept_left[k] = w_left - seg_start[k]
+        kept_right[k] = w_right
+
+
+@numba.njit(cache=True)
+def clip_straddling(vertices, faces, both_tris, tri_box_lo, tri_box_hi, child_lo, child_hi,
+                    new_lo, new_hi):
+    """New boxes of the straddling triangles in one child (rule R9).
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+    both_tris : (num_both,) int32
+    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
+        Boxes in the parent node.
+    child_lo, child_hi : (3,) float32
+    new_lo, new_hi : (>= num_both, 3) float32
+        Output, row ``i`` for ``both_tris[i]``.
+    """
+    poly = np.empty(POLY_BUFFER_SHAPE, dtype=np.float64)
+    work = np.empty(POLY_BUFFER_SHAPE, dtype=np.float64)
+    clip_lo = np.empty(3, dtype=np.float32)
+    clip_hi = np.empty(3, dtype=np.float32)
+    for i in range(both_tris.shape[0]):
+        t = both_tris[i]
+        clip_child_box_into(vertices[faces[t, 0]], vertices[faces[t, 1]], vertices[faces[t, 2]],
+                            tri_box_lo[t], tri_box_hi[t], child_lo, child_hi, new_lo[i],
+                            new_hi[i], poly, work, clip_lo, clip_hi)

@@ -1,0 +1,117 @@
+"""Compiling the numba code once, and saying so when it takes long.
+
+Every kernel is ``cache=True``: numba compiles it on the first call on a
+machine (about half a minute for the whole builder) and loads it from its
+on-disk cache (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside the sources)
+in later processes. :func:`warm_up` makes the first build's calls on a
+small mesh, so that compilation happens there, before any timing, and prints
+one line on stderr when (and only when) numba really compiles.
+
+numba tells the two apart with its event API: a dispatcher first tries its
+cache and broadcasts a ``"numba:compile"`` event only after a miss, when it
+starts the compiler (``Dispatcher.compile`` in numba 0.68; its
+``stats.cache_hits`` and ``stats.cache_misses`` count the same outcomes).
+A listener installed for the warm-up sees that event for the first kernel
+that misses, before its compilation, so the message comes before the wait.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from typing import NamedTuple
+
+import numpy as np
+from numba.core import event
+
+COMPILE_MESSAGE = "kdtree-gpu: compiling CPU kernels, once per machine (about 30 s)..."
+
+_PACKAGE = __name__.split(".")[0]
+_lock = threading.Lock()
+_warm = False
+_announced = False
+
+
+class WarmUp(NamedTuple):
+    """What :func:`warm_up` did.
+
+    Attributes
+    ----------
+    seconds : float
+        Time the call took (about 0 once the process is warm).
+    compiled : bool
+        Whether numba compiled anything, rather than loading it all from its cache.
+    """
+
+    seconds: float
+    compiled: bool
+
+
+class _CompileListener(event.Listener):
+    """Notes (and announces once per process) a compilation of this package's code."""
+
+    def __init__(self):
+        self.compiled = False
+
+    def on_start(self, ev):
+        dispatcher = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+        module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
+        if module.split(".")[0] != _PACKAGE:
+            return
+        self.compiled = True
+        global _announced
+        if not _announced:
+            _announced = True
+            print(COMPILE_MESSAGE, file=sys.stderr, flush=True)
+
+    def on_end(self, ev):
+        pass
+
+
+def warm_up() -> WarmUp:
+    """Compile, or load from numba's cache, every kernel the builder calls.
+
+    The first call in a process builds two small trees (without and with
+    perfect splits) through the same calls as :func:`cpu_reference.build`
+    and prints :data:`COMPILE_MESSAGE` on stderr before numba starts
+    compiling, if it has to; later calls return at once.
+    :func:`cpu_reference.build` calls it, so call it yourself only to keep
+    compilation out of a measurement.
+
+    Returns
+    -------
+    WarmUp
+        ``(seconds, compiled)``.
+    """
+    global _warm
+    start = time.perf_counter()
+    with _lock:
+        if _warm:
+            return WarmUp(time.perf_counter() - start, False)
+        listener = _CompileListener()
+        with event.install_listener("numba:compile", listener):
+            _build_small_trees()
+        _warm = True
+    return WarmUp(time.perf_counter() - start, listener.compiled)
+
+
+def _build_small_trees():
+    # the build's own code path, on a mesh big enough to split into tasks: the
+    # kernels see the argument types of a real build and compile for exactly those
+    from kdtree_gpu.config import SAHConfig
+    from kdtree_gpu.mesh import prepare_mesh
+
+    from .wald_havran import _build_arrays
+
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(0.0, 1.0, size=(24, 1, 3))
+    vertices = (centres + 0.1 * rng.uniform(-1.0, 1.0, size=(24, 3, 3))).reshape(-1, 3)
+    faces = np.arange(vertices.shape[0]).reshape(-1, 3)
+    V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
+    config = SAHConfig()
+    for clip in (False, True):
+        _build_arrays(V, F, tri_lo, tri_hi, valid, bounds, config.k_traversal,
+                      config.k_intersect, config.empty_bonus, config.leaf_size,
+                      config.resolved_max_depth(F.shape[0]), False, clip, threads=1,
+                      split_above=8)
