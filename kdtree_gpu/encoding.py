@@ -137,6 +137,17 @@ MAX_DEPTH_CAP = 64
 # distances and of the watertight test never loses a hit on a split plane.
 TRAVERSE_EPS = np.float32(2.0 ** -18)
 
+# Problems of a ray, found by the traversal kernel while it loads the ray
+# (a ray with a problem is a miss); the first one is recorded as
+# (index << RAY_KIND_BITS) | kind.
+RAY_BAD_ORIGIN = 1  # a NaN or infinite origin coordinate
+RAY_BAD_DIRECTION = 2  # a NaN or infinite direction coordinate
+RAY_ZERO_DIRECTION = 3
+RAY_NAN_TMIN = 4
+RAY_NAN_TMAX = 5
+RAY_EMPTY_INTERVAL = 6  # tmin > tmax
+RAY_KIND_BITS = 3
+
 # --- path tracer ---------------------------------------------------------------
 # Shadow rays stop this fraction short of the light point.
 SHADOW_TMAX_SCALE = np.float32(1.0 - 1e-4)

@@ -101,6 +101,11 @@ class SoA:
             value[f.name] = _address(getattr(self, f.name))
         return value
 
+    @classmethod
+    def of(cls, **arrays):
+        """An instance with the given fields and ``None`` (null) for the others."""
+        return cls(**{f.name: arrays.get(f.name) for f in dataclasses.fields(cls)})
+
 
 class ScalarStruct:
     """A C struct of scalars (sizes, settings) passed by value to a kernel.
@@ -157,4 +162,7 @@ def cuda_struct(cls) -> str:
 
 
 def _address(a) -> int:
+    # None is a null pointer: a field the kernel does not use
+    if a is None:
+        return 0
     return int(a.ctypes.data) if isinstance(a, np.ndarray) else int(a.data.ptr)

@@ -61,13 +61,17 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
     ----------
     vertices : (num_vertices, 3) array_like of float, or a mesh object
         Vertex positions; or a ``trimesh.Trimesh`` (anything with
-        ``.vertices`` and ``.faces``) with ``faces`` left out.
+        ``.vertices`` and ``.faces``) with ``faces`` left out. GPU arrays
+        (CuPy, CUDA PyTorch tensors, ``__cuda_array_interface__``, DLPack)
+        stay on their GPU: nothing goes through the host.
     faces : (num_triangles, 3) array_like of int, optional
     config : SAHConfig, optional
         Defaults to ``SAHConfig()``.
     device : str
-        ``"auto"`` (a GPU when usable, else the CPU), ``"cpu"``, ``"gpu"``,
-        ``"cuda"`` or ``"cuda:N"`` (:mod:`kdtree_gpu.device`).
+        ``"auto"`` (the GPU that holds the mesh; else a GPU when usable; else
+        the CPU), ``"cpu"``, ``"gpu"``, ``"cuda"`` or ``"cuda:N"``
+        (:mod:`kdtree_gpu.device`). A tree built on a GPU stays there
+        (``tree.device``); its NumPy arrays are made on first host use.
     profile : bool
         Record a per-stage time table in ``tree.build_info["profile"]`` and
         ``["profile_table"]`` (level builders).
@@ -98,7 +102,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
     cfg = SAHConfig() if config is None else config
     if not isinstance(cfg, SAHConfig):
         raise TypeError(f"config must be a SAHConfig, got {type(cfg).__name__}")
-    dev = resolve_device(device)
+    vertices, faces = _as_mesh_arrays(vertices, faces)
+    dev = _build_device(device, vertices, faces)
     if kernels is None:
         kernels = "fused" if dev.is_cuda else "reference"
     if kernels not in KERNEL_CHOICES:
@@ -107,7 +112,6 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
         raise ValueError(f"kernels={kernels!r} does not run on device {str(dev)!r} "
                          f"(there: {', '.join(_KERNELS_ON[dev.kind])})")
     settings = DEFAULT_SETTINGS if settings is None else settings
-    vertices, faces = _as_mesh_arrays(vertices, faces)
     if cfg.clip and kernels != "reference":
         raise NotImplementedError(
             "perfect splits (clip=True) are not implemented in the level-by-level builder "
@@ -125,6 +129,18 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
             tree.build_info["profile_table"] = prof.report()
     tree.build_info.update(device=str(dev), kernels=kernels, seconds=time.perf_counter() - start)
     return tree
+
+
+def _build_device(device, vertices, faces):
+    """The device to build on: ``device``, or for "auto" the GPU that holds the mesh."""
+    from ..arrays import device_of, on_gpu
+    from ..device import parse_device
+
+    if parse_device(device)[0] == "auto":
+        for a in (vertices, faces):
+            if on_gpu(a):
+                return device_of(a)
+    return resolve_device(device)
 
 
 def _build_reference(vertices, faces, cfg) -> KdTree:
@@ -150,14 +166,23 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
         info = {"levels": levels, "level_sizes": level_sizes}
         num_degenerate = int((~valid).sum())
     else:
+        from ..arrays import on_gpu
         from .gpu import build_levels_cuda
+        from .gpu.root import coerce_mesh_cuda
 
-        V, F = coerce_mesh(vertices, faces)
+        if on_gpu(vertices) or on_gpu(faces):
+            V, F = coerce_mesh_cuda(xp, vertices, faces)
+        else:
+            V, F = coerce_mesh(vertices, faces)
         with _out_of_memory_is_memory_error(xp, F.shape[0]):
-            host, info = build_levels_cuda(xp, cfg, V, F, loop="grid" if kernels == "fused"
-                                           else "stages", settings=settings)
-        bounds = info.pop("bounds")
-        num_degenerate = info.pop("num_degenerate")
+            arrays, layout, info = build_levels_cuda(
+                xp, cfg, V, F, loop="grid" if kernels == "fused" else "stages", settings=settings)
+        info["depth"] = info["levels"] - 1
+        tree = KdTree(**arrays, bounds=xp.asarray(info.pop("bounds")), config=cfg,
+                      num_degenerate=info.pop("num_degenerate"),
+                      build_info={"builder": "levels", **info})
+        tree._device_cache[("layout", layout.device_id)] = layout
+        return tree
     node_axis, node_split, node_child, node_count, leaf_tris = host
     return KdTree(node_axis=node_axis, node_split=node_split, node_child=node_child,
                   node_count=node_count, leaf_tris=leaf_tris, bounds=bounds, vertices=V,

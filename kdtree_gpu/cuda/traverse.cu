@@ -15,7 +15,20 @@
 //   tris    (3 * num_refs,) float4  three vertices per leaf reference, in
 //                                 leaf_tris order; the first vertex's .w holds
 //                                 the triangle id (int bits)
-//   origins, directions (num_rays, 3) float32; ray_tmin, ray_tmax (num_rays,)
+//   KdRays  origins, directions (num_rays, 3) float32; tmin, tmax (num_rays,)
+//           float32 or null, then KdTraceParams.tmin / .tmax hold one value
+//           for every ray
+//   KdTraceParams  the root box, the ray count, the scalar interval, the
+//           trace scale (a power of two, kdtree_gpu/trace/gpu.py): the layout
+//           holds vertices and split positions times the scale, and every ray
+//           is scaled the same way, which leaves t, u and v unchanged.
+//   Both structs are generated from kdtree_gpu/trace/soa.py.
+//
+// Ray checks are part of the launch: a ray with a NaN or infinite origin or
+// direction, a zero direction, a NaN tmin or tmax, or tmin > tmax is a miss,
+// and when a status record is given the kernel counts such rays and keeps
+// the first one (index and kind, encoding.RAY_BAD_*), which the host reads
+// with one small copy to name it.
 //
 // Robustness. Leaf triangles are tested against the whole ray interval
 // [tmin, closest hit so far], never the leaf's own interval, so a node
@@ -45,29 +58,58 @@ __device__ __forceinline__ bool kd_clip_slab(float lo, float hi, float o, float 
     return true;
 }
 
+// The kind of problem of a ray (encoding.RAY_BAD_*), 0 for a good one.
+__device__ __forceinline__ int kd_ray_problem(float ox, float oy, float oz, float dx, float dy,
+                                              float dz, float tmin, float tmax)
+{
+    if (!(isfinite(ox) && isfinite(oy) && isfinite(oz))) return KD_RAY_BAD_ORIGIN;
+    if (!(isfinite(dx) && isfinite(dy) && isfinite(dz))) return KD_RAY_BAD_DIRECTION;
+    if (dx == 0.0f && dy == 0.0f && dz == 0.0f) return KD_RAY_ZERO_DIRECTION;
+    if (isnan(tmin)) return KD_RAY_NAN_TMIN;
+    if (isnan(tmax)) return KD_RAY_NAN_TMAX;
+    if (tmin > tmax) return KD_RAY_EMPTY_INTERVAL;
+    return 0;
+}
+
+// status[0]: number of bad rays; status[1]: ~(index << KD_RAY_KIND_BITS | kind)
+// of the first one (a maximum of the complement is the minimum, and a record
+// of zeros means none).
+__device__ __forceinline__ void kd_record_bad_ray(unsigned long long* status, long long i,
+                                                  int kind)
+{
+    atomicAdd(status, 1ull);
+    atomicMax(status + 1, ~(((unsigned long long)i << KD_RAY_KIND_BITS) | (unsigned)kind));
+}
+
 template <bool ANY_HIT, bool COUNT>
 __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
-                                             const float4* __restrict__ tris, float lo_x,
-                                             float lo_y, float lo_z, float hi_x, float hi_y,
-                                             float hi_z, const float* __restrict__ origins,
-                                             const float* __restrict__ directions,
-                                             const float* __restrict__ ray_tmin,
-                                             const float* __restrict__ ray_tmax, int i,
+                                             const float4* __restrict__ tris,
+                                             const KdTraceParams& p, const KdRays& rays,
+                                             long long i, unsigned long long* status,
                                              float& out_t, int& out_tri, float& out_u,
                                              float& out_v, int& out_nodes, int& out_tests) {
-    const float ox = __ldg(origins + 3 * (long long)i);
-    const float oy = __ldg(origins + 3 * (long long)i + 1);
-    const float oz = __ldg(origins + 3 * (long long)i + 2);
-    const float dx = __ldg(directions + 3 * (long long)i);
-    const float dy = __ldg(directions + 3 * (long long)i + 1);
-    const float dz = __ldg(directions + 3 * (long long)i + 2);
-    const float tmin = __ldg(ray_tmin + i);
-    const float tmax = __ldg(ray_tmax + i);
+    const float* o = rays.ray_origin + 3 * i;
+    const float* d = rays.ray_direction + 3 * i;
+    const float tmin = rays.ray_tmin ? __ldg(rays.ray_tmin + i) : p.tmin;
+    const float tmax = rays.ray_tmax ? __ldg(rays.ray_tmax + i) : p.tmax;
+    // scaling by a power of two is exact: t, u and v are those of the unscaled ray
+    const float ox = __fmul_rn(__ldg(o), p.scale), oy = __fmul_rn(__ldg(o + 1), p.scale);
+    const float oz = __fmul_rn(__ldg(o + 2), p.scale);
+    const float dx = __fmul_rn(__ldg(d), p.scale), dy = __fmul_rn(__ldg(d + 1), p.scale);
+    const float dz = __fmul_rn(__ldg(d + 2), p.scale);
 
     out_t = KD_WT_INF;
     out_tri = KD_NO_HIT;
     out_u = 0.0f;
     out_v = 0.0f;
+    out_nodes = 0;
+    out_tests = 0;
+    const int problem = kd_ray_problem(__ldg(o), __ldg(o + 1), __ldg(o + 2), __ldg(d),
+                                       __ldg(d + 1), __ldg(d + 2), tmin, tmax);
+    if (problem != 0) {
+        if (status) kd_record_bad_ray(status, i, problem);
+        return;
+    }
     int num_nodes = 0;
     int num_tests = 0;
 
@@ -76,20 +118,20 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
     const float inv_y = __fdiv_rn(1.0f, dy);
     const float inv_z = __fdiv_rn(1.0f, dz);
     float t0 = tmin, t1 = tmax;
-    bool alive = kd_clip_slab(lo_x, hi_x, ox, inv_x, t0, t1);
-    alive &= kd_clip_slab(lo_y, hi_y, oy, inv_y, t0, t1);
-    alive &= kd_clip_slab(lo_z, hi_z, oz, inv_z, t0, t1);
+    bool alive = kd_clip_slab(p.lo_x, p.hi_x, ox, inv_x, t0, t1);
+    alive &= kd_clip_slab(p.lo_y, p.hi_y, oy, inv_y, t0, t1);
+    alive &= kd_clip_slab(p.lo_z, p.hi_z, oz, inv_z, t0, t1);
 
     const KdWatertightRay wr = kd_setup_watertight(ox, oy, oz, dx, dy, dz);
     // the largest coordinate difference between the origin and the root box,
     // in units of t along the dominant axis, is the scale of every rounding
     // error; explicit roundings (no FMA) keep the CPU traversal's decisions
-    const float extent = fmaxf(fmaxf(fmaxf(fabsf(lo_x - ox), fabsf(hi_x - ox)),
-                                     fmaxf(fabsf(lo_y - oy), fabsf(hi_y - oy))),
-                               fmaxf(fabsf(lo_z - oz), fabsf(hi_z - oz)));
+    const float extent = fmaxf(fmaxf(fmaxf(fabsf(p.lo_x - ox), fabsf(p.hi_x - ox)),
+                                     fmaxf(fabsf(p.lo_y - oy), fabsf(p.hi_y - oy))),
+                               fmaxf(fabsf(p.lo_z - oz), fabsf(p.hi_z - oz)));
     const float t_eps = __fmul_rn(__fmul_rn(KD_TRAVERSE_EPS, extent), fabsf(wr.sz));
-    // a zero direction (infinite 1 / d[kz]) hits nothing
-    alive &= (tmin <= tmax) && (t0 <= __fadd_rn(t1, t_eps)) && fabsf(wr.sz) != KD_WT_INF;
+    // a direction whose reciprocal overflows hits nothing
+    alive &= (t0 <= __fadd_rn(t1, t_eps)) && fabsf(wr.sz) != KD_WT_INF;
 
     // bit k set: the ray goes toward -k, so the right child (upper half) comes first
     const int neg_mask = (__float_as_int(dx) < 0 ? 1 : 0) | (__float_as_int(dy) < 0 ? 2 : 0) |
@@ -127,10 +169,15 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
             } else if (ts < __fsub_rn(tn, t_eps)) {
                 node = second;
             } else {
-                stack_node[sp] = second;
-                stack_tn[sp] = fmaxf(ts, tn);
-                stack_tf[sp] = tf;
-                ++sp;
+                // no tree is deeper than KD_MAX_DEPTH_CAP (SAHConfig caps it),
+                // so the stack never overflows; a file that claims otherwise
+                // loses the far child rather than memory beyond the stack
+                if (sp < KD_MAX_DEPTH_CAP) {
+                    stack_node[sp] = second;
+                    stack_tn[sp] = fmaxf(ts, tn);
+                    stack_tf[sp] = tf;
+                    ++sp;
+                }
                 node = first;
                 tf = fminf(ts, tf);
             }
@@ -185,87 +232,80 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
     out_tests = num_tests;
 }
 
-// Closest hit: t (inf on a miss), triangle id (KD_NO_HIT), barycentrics u, v.
-extern "C" __global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
-kd_intersect_closest(const int2* __restrict__ nodes, const float4* __restrict__ tris, float lo_x,
-                     float lo_y, float lo_z, float hi_x, float hi_y, float hi_z,
-                     const float* __restrict__ origins, const float* __restrict__ directions,
-                     const float* __restrict__ ray_tmin, const float* __restrict__ ray_tmax,
-                     int num_rays, float* __restrict__ hit_t, int* __restrict__ hit_tri,
-                     float* __restrict__ hit_u, float* __restrict__ hit_v) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= num_rays) return;
+// One kernel for every query: ANY_HIT (occluded: hits.hit_any) or closest
+// hit (hits.hit_t, hit_tri, hit_u, hit_v), and with COUNT the nodes visited
+// (interior and leaves) and ray-triangle tests of each ray (benchmarks; the
+// other instances carry no counters). status may be null: then bad rays are
+// misses and nothing is recorded.
+template <bool ANY_HIT, bool COUNT>
+__global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
+kd_trace(const int2* __restrict__ nodes, const float4* __restrict__ tris, KdTraceParams p,
+         KdRays rays, KdHits hits, unsigned long long* status) {
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= p.num_rays) return;
     float t, u, v;
     int tri, num_nodes, num_tests;
-    kd_trace_ray<false, false>(nodes, tris, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, origins,
-                               directions, ray_tmin, ray_tmax, i, t, tri, u, v, num_nodes,
-                               num_tests);
-    hit_t[i] = t;
-    hit_tri[i] = tri;
-    hit_u[i] = u;
-    hit_v[i] = v;
+    kd_trace_ray<ANY_HIT, COUNT>(nodes, tris, p, rays, i, status, t, tri, u, v, num_nodes,
+                                 num_tests);
+    if (ANY_HIT) {
+        hits.hit_any[i] = (unsigned char)tri;
+    } else {
+        hits.hit_t[i] = t;
+        hits.hit_tri[i] = tri;
+        hits.hit_u[i] = u;
+        hits.hit_v[i] = v;
+    }
+    if (COUNT) {
+        hits.ray_nodes[i] = num_nodes;
+        hits.ray_tests[i] = num_tests;
+    }
 }
 
-// Any hit: 1 when some triangle is hit with tmin <= t <= tmax, else 0.
-extern "C" __global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
-kd_intersect_any(const int2* __restrict__ nodes, const float4* __restrict__ tris, float lo_x,
-                 float lo_y, float lo_z, float hi_x, float hi_y, float hi_z,
-                 const float* __restrict__ origins, const float* __restrict__ directions,
-                 const float* __restrict__ ray_tmin, const float* __restrict__ ray_tmax,
-                 int num_rays, unsigned char* __restrict__ hit_any) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= num_rays) return;
-    float t, u, v;
-    int found, num_nodes, num_tests;
-    kd_trace_ray<true, false>(nodes, tris, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, origins,
-                              directions, ray_tmin, ray_tmax, i, t, found, u, v, num_nodes,
-                              num_tests);
-    hit_any[i] = (unsigned char)found;
+// The four queries (kdtree_gpu/trace/gpu.py looks them up by these names);
+// explicit instances, so that nvcc compiles each of them in CI.
+template __global__ void kd_trace<false, false>(const int2*, const float4*, KdTraceParams, KdRays,
+                                                KdHits, unsigned long long*);
+template __global__ void kd_trace<true, false>(const int2*, const float4*, KdTraceParams, KdRays,
+                                               KdHits, unsigned long long*);
+template __global__ void kd_trace<false, true>(const int2*, const float4*, KdTraceParams, KdRays,
+                                               KdHits, unsigned long long*);
+template __global__ void kd_trace<true, true>(const int2*, const float4*, KdTraceParams, KdRays,
+                                              KdHits, unsigned long long*);
+
+// --- the traversal layout, packed on the device ------------------------------------
+
+// Packed node i (encoding.pack_nodes): split bits times the trace scale, or
+// the leaf's triangle count; (child or leaf offset << KD_PACK_SHIFT) | axis.
+extern "C" __global__ void kd_pack_nodes(KdTreeNodes tree, long long num_nodes, float scale,
+                                         int2* __restrict__ packed)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= num_nodes) return;
+    const int axis = tree.node_axis[i];
+    int2 out;
+    out.x = axis == KD_AXIS_LEAF ? tree.node_count[i]
+                                 : __float_as_int(__fmul_rn(tree.node_split[i], scale));
+    out.y = (tree.node_child[i] << KD_PACK_SHIFT) | axis;
+    packed[i] = out;
 }
 
-// Counting variants (benchmarks): the same traversal, plus the nodes visited
-// (interior and leaves) and the ray-triangle tests of each ray. Separate
-// kernels, so that the ones above carry no counters.
-extern "C" __global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
-kd_intersect_closest_counted(const int2* __restrict__ nodes, const float4* __restrict__ tris,
-                             float lo_x, float lo_y, float lo_z, float hi_x, float hi_y,
-                             float hi_z, const float* __restrict__ origins,
-                             const float* __restrict__ directions,
-                             const float* __restrict__ ray_tmin,
-                             const float* __restrict__ ray_tmax, int num_rays,
-                             float* __restrict__ hit_t, int* __restrict__ hit_tri,
-                             float* __restrict__ hit_u, float* __restrict__ hit_v,
-                             int* __restrict__ ray_nodes, int* __restrict__ ray_tests) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= num_rays) return;
-    float t, u, v;
-    int tri, num_nodes, num_tests;
-    kd_trace_ray<false, true>(nodes, tris, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, origins,
-                              directions, ray_tmin, ray_tmax, i, t, tri, u, v, num_nodes,
-                              num_tests);
-    hit_t[i] = t;
-    hit_tri[i] = tri;
-    hit_u[i] = u;
-    hit_v[i] = v;
-    ray_nodes[i] = num_nodes;
-    ray_tests[i] = num_tests;
-}
-
-extern "C" __global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
-kd_intersect_any_counted(const int2* __restrict__ nodes, const float4* __restrict__ tris,
-                         float lo_x, float lo_y, float lo_z, float hi_x, float hi_y, float hi_z,
-                         const float* __restrict__ origins, const float* __restrict__ directions,
-                         const float* __restrict__ ray_tmin, const float* __restrict__ ray_tmax,
-                         int num_rays, unsigned char* __restrict__ hit_any,
-                         int* __restrict__ ray_nodes, int* __restrict__ ray_tests) {
-    const int i = blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= num_rays) return;
-    float t, u, v;
-    int found, num_nodes, num_tests;
-    kd_trace_ray<true, true>(nodes, tris, lo_x, lo_y, lo_z, hi_x, hi_y, hi_z, origins,
-                             directions, ray_tmin, ray_tmax, i, t, found, u, v, num_nodes,
-                             num_tests);
-    hit_any[i] = (unsigned char)found;
-    ray_nodes[i] = num_nodes;
-    ray_tests[i] = num_tests;
+// The three vertices (times the trace scale) of leaf reference r, in
+// leaf_tris order; the first vertex's .w holds the triangle id.
+extern "C" __global__ void kd_pack_triangles(const int* __restrict__ leaf_tris,
+                                             long long num_refs,
+                                             const float* __restrict__ vertices,
+                                             const int* __restrict__ faces, float scale,
+                                             float4* __restrict__ packed)
+{
+    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r >= num_refs) return;
+    const int t = leaf_tris[r];
+    for (int j = 0; j < 3; ++j) {
+        const long long v = faces[3 * (long long)t + j];
+        float4 out = make_float4(__fmul_rn(vertices[3 * v], scale),
+                                 __fmul_rn(vertices[3 * v + 1], scale),
+                                 __fmul_rn(vertices[3 * v + 2], scale), 0.0f);
+        if (j == 0) out.w = __int_as_float(t);
+        packed[3 * r + j] = out;
+    }
 }

@@ -1,21 +1,27 @@
 """Public ray queries: closest hit and any hit, on the CPU or the GPU.
 
 :meth:`KdTree.intersect` and :meth:`KdTree.occluded` call :func:`intersect`
-and :func:`occluded`. This module checks the rays, decides where they run and
-converts arrays at the boundary; the work is done by
-:mod:`kdtree_gpu.trace.cpu` (numba) or :mod:`kdtree_gpu.trace.gpu` (CuPy).
+and :func:`occluded`. This module decides where rays run and converts
+arrays at the boundary; the work is done by :mod:`kdtree_gpu.trace.cpu`
+(numba) or :mod:`kdtree_gpu.trace.gpu` (CUDA).
 
 Where rays run (``device``)
 ---------------------------
-``"auto"``: NumPy (and other host) arrays on the CPU; CuPy arrays and CUDA
-PyTorch tensors on their GPU. ``"cpu"``: always the CPU (device arrays are
-copied to the host, results go back to the caller's library and device).
-``"cuda"``: always the GPU (NumPy input is uploaded, results come back as
-NumPy); a ``RuntimeError`` says so when no GPU is usable.
+``"auto"``: NumPy (and other host) arrays on the CPU; CuPy arrays, CUDA
+PyTorch tensors and other GPU arrays (``__cuda_array_interface__``, DLPack)
+on their GPU. ``"cpu"``: always the CPU. ``"gpu"``, ``"cuda"``,
+``"cuda:N"``: always that GPU (host input is uploaded).
 
 Results come back in the library of ``origins`` (NumPy, CuPy, or PyTorch on
-the same device). A single ray may be given as ``(3,)`` arrays; the results
-then have shape ``(1,)``.
+the same device; other GPU arrays get CuPy arrays, zero-copy views of the
+same memory where the library allows). A single ray may be given as ``(3,)``
+arrays; the results then have shape ``(1,)``.
+
+On the GPU the work is queued on the caller's stream (CuPy's current
+stream, or the current stream of the PyTorch tensors' device) and the rays
+are checked inside the traversal kernel: with ``check=True`` one small read
+after the launch raises ``ValueError`` naming the first bad ray; with
+``check=False`` nothing waits for the GPU and a bad ray is a miss.
 
 Ray conventions (hits with ``tmin <= t <= tmax``, two-sided triangles,
 barycentrics ``u`` of ``v1`` and ``v`` of ``v2``) are described in
@@ -24,97 +30,125 @@ barycentrics ``u`` of ``v1`` and ``v`` of ``v2``) are described in
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
-DEVICES = ("auto", "cpu", "cuda")
+from .. import encoding as enc
+from ..arrays import device_of, library, like, on_gpu, to_cupy, to_numpy
+from ..device import CPU, parse_device, resolve_device
+
+_PROBLEMS = {
+    enc.RAY_BAD_ORIGIN: "a NaN or infinite value in its origin",
+    enc.RAY_BAD_DIRECTION: "a NaN or infinite value in its direction",
+    enc.RAY_ZERO_DIRECTION: "a zero-length direction",
+    enc.RAY_NAN_TMIN: "a NaN tmin",
+    enc.RAY_NAN_TMAX: "a NaN tmax",
+    enc.RAY_EMPTY_INTERVAL: "tmin > tmax",
+}
 
 
-# --- array libraries ------------------------------------------------------------
-def _library(x) -> str:
-    module = type(x).__module__
-    if module.startswith("cupy"):
-        return "cupy"
-    if module.startswith("torch"):
-        return "torch"
-    return "numpy"
+# --- where rays run -----------------------------------------------------------------
+def _choose_device(device, origins, directions):
+    kind, _ = parse_device(device)
+    if kind == "auto":
+        for a in (origins, directions):
+            if on_gpu(a):
+                return device_of(a)
+        return CPU
+    return resolve_device(device)
 
 
-def _to_numpy(x):
-    kind = _library(x)
-    if kind == "cupy":
-        return x.get()
-    if kind == "torch":
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def _to_cupy(x):
-    import cupy
-
-    kind = _library(x)
-    if kind == "cupy":
-        return x
-    if kind == "torch":
-        if x.is_cuda:
-            return cupy.from_dlpack(x.detach().contiguous())
-        x = x.detach().numpy()
-    return cupy.asarray(np.asarray(x))
-
-
-def _result_like(result, like, like_kind):
-    """Return ``result`` (NumPy or CuPy) in the library and device of ``like``."""
-    if like_kind == "numpy":
-        return result.get() if _library(result) == "cupy" else np.asarray(result)
-    if like_kind == "cupy":
+def _stream_of(template):
+    """The stream to queue work on: a PyTorch tensor's current stream, else CuPy's."""
+    if library(template) == "torch" and template.is_cuda:
         import cupy
+        import torch
 
-        if _library(result) == "cupy":
-            return result
-        with cupy.cuda.Device(like.device.id):
-            return cupy.asarray(result)
-    import torch
-
-    if _library(result) == "cupy":
-        out = torch.from_dlpack(result)
-    else:
-        out = torch.from_numpy(np.ascontiguousarray(result))
-    return out.to(like.device)
-
-
-def _gpu_usable() -> bool:
-    try:
-        import cupy
-
-        return bool(cupy.is_available())
-    except Exception:
-        return False
-
-
-def _choose_device(device, origins, directions) -> str:
-    if device not in DEVICES:
-        raise ValueError(f"device must be one of {DEVICES}, got {device!r}")
-    kinds = {_library(origins), _library(directions)}
-    on_gpu = "cupy" in kinds or ("torch" in kinds and any(
-        _library(a) == "torch" and a.is_cuda for a in (origins, directions)))
-    if device == "auto":
-        device = "cuda" if on_gpu else "cpu"
-    if device == "cuda" and not _gpu_usable():
-        raise RuntimeError("device='cuda' was asked for, but no usable CUDA GPU was found "
-                           "(CuPy missing or cupy.is_available() is False)")
-    return device
+        stream = torch.cuda.current_stream(template.device)
+        return cupy.cuda.ExternalStream(stream.cuda_stream, template.device.index)
+    return contextlib.nullcontext()
 
 
 # --- validation -----------------------------------------------------------------
-def check_rays(origins, directions, tmin=0.0, tmax=np.inf, xp=np):
-    """Check rays and return them as contiguous float32 arrays of ``xp``.
+def _ray_arrays(xp, origins, directions):
+    """Origins and directions as C-contiguous float32 ``(num_rays, 3)`` arrays of ``xp``.
+
+    Only shapes and dtypes are checked here (array metadata: no device read).
+    """
+    convert = to_numpy if xp is np else to_cupy
+    arrays = []
+    for name, a in (("origins", origins), ("directions", directions)):
+        a = convert(a)
+        if a.dtype.kind not in "fiu":
+            raise ValueError(f"{name} must be a float array, got dtype {a.dtype}")
+        if a.ndim == 1:
+            a = a.reshape(1, -1)
+        if a.ndim != 2 or a.shape[1] != 3:
+            raise ValueError(f"{name} must have shape (num_rays, 3) or (3,), got {a.shape}")
+        arrays.append(xp.ascontiguousarray(a, dtype=xp.float32))
+    O, D = arrays
+    if O.shape[0] != D.shape[0]:
+        raise ValueError(f"origins has {O.shape[0]} rays but directions has {D.shape[0]}")
+    return O, D
+
+
+def _interval(xp, value, name, num_rays):
+    """A scalar bound stays a Python float; an array becomes a float32 ``(num_rays,)`` array."""
+    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+        return float(value)
+    a = to_numpy(value) if xp is np else to_cupy(value)
+    if a.ndim == 0:
+        return float(a)
+    if a.shape != (num_rays,):
+        raise ValueError(f"{name} must be a scalar or have shape ({num_rays},), got {a.shape}")
+    return xp.ascontiguousarray(a, dtype=xp.float32)
+
+
+def ray_problems(origins, directions, tmin, tmax):
+    """The problem of every ray (``encoding.RAY_BAD_*``, 0 for a good ray), on the host.
+
+    The NumPy twin of the checks the GPU traversal kernel makes while it
+    loads each ray (``kd_ray_problem`` in ``cuda/traverse.cu``).
+
+    Returns
+    -------
+    (num_rays,) int8
+    """
+    n = origins.shape[0]
+    t0 = np.broadcast_to(np.asarray(tmin, np.float32), (n,))
+    t1 = np.broadcast_to(np.asarray(tmax, np.float32), (n,))
+    problem = np.zeros(n, dtype=np.int8)
+    # later checks first, so that the earliest failing check of a ray wins
+    problem[t0 > t1] = enc.RAY_EMPTY_INTERVAL
+    problem[np.isnan(t1)] = enc.RAY_NAN_TMAX
+    problem[np.isnan(t0)] = enc.RAY_NAN_TMIN
+    problem[~(directions != 0).any(axis=1)] = enc.RAY_ZERO_DIRECTION
+    problem[~np.isfinite(directions).all(axis=1)] = enc.RAY_BAD_DIRECTION
+    problem[~np.isfinite(origins).all(axis=1)] = enc.RAY_BAD_ORIGIN
+    return problem
+
+
+def bad_ray_message(index, kind, count, origins, directions, tmin, tmax) -> str:
+    """The error naming the first bad ray (host arrays or CuPy arrays: a few reads)."""
+    what = _PROBLEMS[kind]
+    if kind in (enc.RAY_BAD_ORIGIN, enc.RAY_BAD_DIRECTION):
+        values = (origins if kind == enc.RAY_BAD_ORIGIN else directions)[index]
+        what += f": {to_numpy(values).tolist()}"
+    elif kind == enc.RAY_EMPTY_INTERVAL:
+        lo = tmin if isinstance(tmin, float) else float(tmin[index])
+        hi = tmax if isinstance(tmax, float) else float(tmax[index])
+        what += f" ({lo!r} > {hi!r})"
+    return f"ray {index} has {what} ({count} bad {'ray' if count == 1 else 'rays'})"
+
+
+def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
+    """Check rays on the host and return them as contiguous float32 NumPy arrays.
 
     Parameters
     ----------
     origins, directions : (num_rays, 3) or (3,) array_like of float
     tmin, tmax : float or (num_rays,) array_like of float
-    xp : module
-        ``numpy`` (the rays are brought to the host) or ``cupy`` (the rays
-        are moved to, or stay on, the current GPU and are checked there).
 
     Returns
     -------
@@ -124,107 +158,126 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf, xp=np):
     Raises
     ------
     ValueError
-        Wrong shapes, NaN or infinite origins or directions, zero-length
-        directions, NaN in tmin or tmax, or ``tmin > tmax``; the message names
-        the first bad ray.
+        Wrong shapes, or a bad ray (NaN or infinite origin or direction,
+        zero direction, NaN tmin or tmax, ``tmin > tmax``): the message names
+        the first one and counts them.
     """
-    convert = _to_numpy if xp is np else _to_cupy
-    O = convert(origins)
-    D = convert(directions)
-    for name, a in (("origins", O), ("directions", D)):
-        if a.dtype.kind not in "fiu":
-            raise ValueError(f"{name} must be a float array, got dtype {a.dtype}")
-    if O.ndim == 1:
-        O = O.reshape(1, -1)
-    if D.ndim == 1:
-        D = D.reshape(1, -1)
-    for name, a in (("origins", O), ("directions", D)):
-        if a.ndim != 2 or a.shape[1] != 3:
-            raise ValueError(f"{name} must have shape (num_rays, 3) or (3,), got {a.shape}")
-    if O.shape[0] != D.shape[0]:
-        raise ValueError(f"origins has {O.shape[0]} rays but directions has {D.shape[0]}")
-    num_rays = O.shape[0]
-    O = xp.ascontiguousarray(O, dtype=xp.float32)
-    D = xp.ascontiguousarray(D, dtype=xp.float32)
-    # each bool() below is one device-to-host read when xp is cupy
-    for name, a in (("origins", O), ("directions", D)):
-        bad = ~xp.isfinite(a).all(axis=1)
-        if bool(bad.any()):
-            i = int(xp.flatnonzero(bad)[0])
-            raise ValueError(f"ray {i} has a NaN or infinite value in its {name[:-1]}: "
-                             f"{a[i].tolist()} ({int(bad.sum())} such rays)")
-    zero = ~(D != 0).any(axis=1)
-    if bool(zero.any()):
-        i = int(xp.flatnonzero(zero)[0])
-        raise ValueError(f"ray {i} has a zero-length direction ({int(zero.sum())} such rays)")
-    bounds = []
-    for name, value in (("tmin", tmin), ("tmax", tmax)):
-        if isinstance(value, (int, float, np.number)):
-            a = xp.full(num_rays, value, dtype=xp.float32)
-        else:
-            a = convert(value)
-            if a.ndim == 0:
-                a = xp.full(num_rays, float(a), dtype=xp.float32)
-            elif a.shape != (num_rays,):
-                raise ValueError(f"{name} must be a scalar or have shape ({num_rays},), "
-                                 f"got {a.shape}")
-        a = xp.ascontiguousarray(a, dtype=xp.float32)
-        nan = xp.isnan(a)
-        if bool(nan.any()):
-            i = int(xp.flatnonzero(nan)[0])
-            raise ValueError(f"ray {i} has a NaN {name}")
-        bounds.append(a)
-    tmin32, tmax32 = bounds
-    bad = tmin32 > tmax32
-    if bool(bad.any()):
-        i = int(xp.flatnonzero(bad)[0])
-        raise ValueError(f"ray {i} has tmin > tmax ({float(tmin32[i])!r} > {float(tmax32[i])!r})")
-    return O, D, tmin32, tmax32
+    O, D = _ray_arrays(np, origins, directions)
+    n = O.shape[0]
+    t0, t1 = (_interval(np, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
+    problem = ray_problems(O, D, t0, t1)
+    bad = np.flatnonzero(problem)
+    if bad.size:
+        i = int(bad[0])
+        raise ValueError(bad_ray_message(i, int(problem[i]), int(bad.size), O, D, t0, t1))
+    return (O, D, np.full(n, t0, np.float32) if isinstance(t0, float) else t0,
+            np.full(n, t1, np.float32) if isinstance(t1, float) else t1)
 
 
-def _device_id(x, kind):
-    # the GPU that holds the caller's rays, or None
-    if kind == "cupy":
-        return x.device.id
-    if kind == "torch" and x.is_cuda:
-        return x.device.index
-    return None
-
-
-def _run(tree, origins, directions, tmin, tmax, device, any_hit):
-    device = _choose_device(device, origins, directions)
-    like_kind = _library(origins)
-    if device == "cpu":
-        from .cpu import intersect_cpu, occluded_cpu
-
-        O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
-        results = (occluded_cpu(tree, O, D, t0, t1),) if any_hit else \
-            intersect_cpu(tree, O, D, t0, t1)
+# --- queries -----------------------------------------------------------------------
+def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
+    dev = _choose_device(device, origins, directions)
+    if not dev.is_cuda:
+        results = _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check)
     else:
-        import cupy
-
-        from .gpu import intersect_gpu, occluded_gpu
-
-        device_id = _device_id(origins, like_kind)
-        if device_id is None:
-            device_id = cupy.cuda.runtime.getDevice()
-        with cupy.cuda.Device(device_id):
-            args = check_rays(origins, directions, tmin, tmax, xp=cupy)
-            results = (occluded_gpu(tree, *args),) if any_hit else intersect_gpu(tree, *args)
-    return tuple(_result_like(r, origins, like_kind) for r in results)
+        with dev.use(), _stream_of(origins):
+            results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check)
+    if out is not None:
+        return _write_out(results, out, any_hit)
+    return tuple(like(r, origins) for r in results)
 
 
-def intersect(tree, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
+def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):
+    from .cpu import intersect_cpu, occluded_cpu
+
+    O, D = _ray_arrays(np, origins, directions)
+    n = O.shape[0]
+    t0, t1 = (_interval(np, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
+    problem = ray_problems(O, D, t0, t1)
+    bad = np.flatnonzero(problem)
+    if bad.size and check:
+        i = int(bad[0])
+        raise ValueError(bad_ray_message(i, int(problem[i]), int(bad.size), O, D, t0, t1))
+    t0 = np.full(n, t0, np.float32) if isinstance(t0, float) else t0
+    t1 = np.full(n, t1, np.float32) if isinstance(t1, float) else t1
+    good = slice(None) if not bad.size else np.flatnonzero(problem == 0)
+    if any_hit:
+        hit = np.zeros(n, dtype=bool)
+        hit[good] = occluded_cpu(tree, O[good], D[good], t0[good], t1[good])
+        return (hit,)
+    t = np.full(n, np.inf, np.float32)
+    tri = np.full(n, enc.NO_HIT, np.int32)
+    u = np.zeros(n, np.float32)
+    v = np.zeros(n, np.float32)
+    t[good], tri[good], u[good], v[good] = intersect_cpu(tree, O[good], D[good], t0[good],
+                                                         t1[good])
+    return t, tri, u, v
+
+
+def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check):
+    import cupy
+
+    from .gpu import bad_ray_record, trace
+
+    O, D = _ray_arrays(cupy, origins, directions)
+    n = O.shape[0]
+    if n > np.iinfo(np.int32).max:
+        raise ValueError(f"too many rays for one launch: {n}")
+    t0, t1 = (_interval(cupy, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
+    status = cupy.zeros(2, dtype=np.uint64) if check else None
+    hits = trace(tree, O, D, t0, t1, any_hit=any_hit, status=status)
+    if check:
+        # the one device-to-host read of a checked query: the bad-ray record
+        count, first, kind = bad_ray_record(status)
+        if count:
+            raise ValueError(bad_ray_message(first, kind, count, O, D, t0, t1))
+    if any_hit:
+        return (hits.hit_any,)
+    return hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v
+
+
+def _write_out(results, out, any_hit):
+    """Copy results into the caller's arrays (the same library and device as ``out``)."""
+    if any_hit and not isinstance(out, (tuple, list)):
+        out = (out,)
+    out = tuple(out)
+    if len(out) != len(results):
+        raise ValueError(f"out must hold {len(results)} arrays, got {len(out)}")
+    for name, dst, src in zip(("t", "tri", "u", "v") if not any_hit else ("hit",), out, results):
+        if tuple(dst.shape) != tuple(src.shape):
+            raise ValueError(f"out array {name} has shape {tuple(dst.shape)}, "
+                             f"expected {tuple(src.shape)}")
+        kind = library(dst)
+        if kind == "numpy":
+            np.copyto(dst, to_numpy(src), casting="same_kind")
+        elif kind == "torch":
+            dst.copy_(like(src, dst))
+        else:
+            to_cupy(dst)[...] = to_cupy(src)
+    return out
+
+
+def intersect(tree, origins, directions, tmin=0.0, tmax=np.inf, *, out=None, check=True,
+              device="auto"):
     """Closest hit of each ray against a kd-tree.
 
     Parameters
     ----------
     tree : KdTree
     origins, directions : (num_rays, 3) or (3,) array_like of float
-        NumPy, CuPy or PyTorch; directions need not be unit length.
+        NumPy, CuPy, PyTorch or another GPU array; directions need not be
+        unit length.
     tmin, tmax : float or (num_rays,) array_like
-        Hits with ``tmin <= t <= tmax`` count.
-    device : {"auto", "cpu", "cuda"}
+        Hits with ``tmin <= t <= tmax`` count. A number is passed to the
+        kernel as it is (no array is made).
+    out : tuple of 4 arrays, optional
+        Preallocated ``(t, tri, u, v)`` to write into (the path tracer uses
+        it); returned.
+    check : bool
+        Raise ``ValueError`` naming the first bad ray (one small read after
+        the launch on the GPU); ``False``: bad rays are misses and nothing
+        waits for the GPU.
+    device : str
         See the module docstring.
 
     Returns
@@ -239,25 +292,27 @@ def intersect(tree, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
     Raises
     ------
     ValueError
-        Bad rays (see :func:`check_rays`) or an unknown ``device``.
+        Bad rays (with ``check=True``), wrong shapes, or an unknown ``device``.
     RuntimeError
-        ``device="cuda"`` without a usable GPU.
+        A GPU device without a usable GPU.
     """
-    return _run(tree, origins, directions, tmin, tmax, device, any_hit=False)
+    return _run(tree, origins, directions, tmin, tmax, device, False, out, check)
 
 
-def occluded(tree, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
+def occluded(tree, origins, directions, tmin=0.0, tmax=np.inf, *, out=None, check=True,
+             device="auto"):
     """Whether each ray hits any triangle with ``tmin <= t <= tmax``.
 
-    Parameters and errors as :func:`intersect`.
+    Parameters and errors as :func:`intersect`; ``out`` is one bool array.
 
     Returns
     -------
     (num_rays,) bool
     """
-    return _run(tree, origins, directions, tmin, tmax, device, any_hit=True)[0]
+    return _run(tree, origins, directions, tmin, tmax, device, True, out, check)[0]
 
 
+# --- the brute-force oracle ---------------------------------------------------------
 def _mesh_of(tree_or_vertices, faces):
     from ..mesh import validate_mesh
 
@@ -268,12 +323,11 @@ def _mesh_of(tree_or_vertices, faces):
 
 def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device, any_hit):
     V, F = _mesh_of(tree_or_vertices, faces)
-    device = _choose_device(device, origins, directions)
-    like_kind = _library(origins)
-    if device == "cpu":
+    dev = _choose_device(device, origins, directions)
+    O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
+    if not dev.is_cuda:
         from .cpu import brute_cpu
 
-        O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
         results = brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
         results = (results[1] >= 0,) if any_hit else results
     else:
@@ -281,14 +335,11 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
 
         from .gpu import brute_intersect_gpu, brute_occluded_gpu
 
-        device_id = _device_id(origins, like_kind)
-        if device_id is None:
-            device_id = cupy.cuda.runtime.getDevice()
-        with cupy.cuda.Device(device_id):
-            args = check_rays(origins, directions, tmin, tmax, xp=cupy)
+        with dev.use():
+            args = tuple(cupy.asarray(a) for a in (O, D, t0, t1))
             results = (brute_occluded_gpu(V, F, *args),) if any_hit else \
                 brute_intersect_gpu(V, F, *args)
-    return tuple(_result_like(r, origins, like_kind) for r in results)
+    return tuple(like(r, origins) for r in results)
 
 
 def intersect_brute(tree_or_vertices, faces_or_origins, *args, tmin=0.0, tmax=np.inf,

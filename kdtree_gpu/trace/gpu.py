@@ -1,28 +1,36 @@
 """GPU ray queries: kd-tree traversal and the brute-force oracle (CuPy).
 
-These are the CUDA backends behind :mod:`kdtree_gpu.trace`, which checks
-the user's input, converts it and calls the functions below with CuPy
-arrays. The kernels live in ``kdtree_gpu/cuda/traverse.cu`` (kd-tree),
-``brute.cu`` (every triangle) and ``watertight.cuh`` (the ray-triangle test
-of Woop, Benthin and Wald 2013, the same as in :mod:`kdtree_gpu.trace.cpu`).
+These are the CUDA backends behind :mod:`kdtree_gpu.trace.api`, which reads
+the caller's arrays and calls the functions below with CuPy arrays. The
+kernels live in ``kdtree_gpu/cuda/traverse.cu`` (kd-tree), ``brute.cu``
+(every triangle) and ``watertight.cuh`` (the ray-triangle test of Woop,
+Benthin and Wald 2013, the same as in :mod:`kdtree_gpu.trace.cpu`).
 
-Device layout of a tree (:func:`upload_tree`, cached on the tree)
-------------------------------------------------------------------
-``nodes``  (num_nodes, 2) int32   the packed 8-byte nodes
-                                  (:meth:`KdTree.packed_nodes`), read as one
-                                  ``int2`` load per node
+The traversal layout of a tree (:class:`TraversalLayout`)
+---------------------------------------------------------
+``nodes``  (num_nodes, 2) int32     packed 8-byte nodes (:func:`encoding.pack_nodes`),
+                                    one ``int2`` load per node
 ``tris``   (3 * num_refs, 4) float32  the three vertices of every leaf
-                                  reference in ``leaf_tris`` order, one
-                                  ``float4`` each, so that a leaf's triangles
-                                  are contiguous 16-byte loads; the first
-                                  vertex's ``w`` holds the triangle id (int32
-                                  bits)
+                                    reference in ``leaf_tris`` order, one
+                                    ``float4`` each, so that a leaf's triangles
+                                    are contiguous 16-byte loads; the first
+                                    vertex's ``w`` holds the triangle id
+Both are packed on the device (``kd_pack_nodes``, ``kd_pack_triangles``):
+the GPU builder packs them as its last step, and a tree that lives elsewhere
+(built on the CPU, loaded from a file) is copied to the device as it is and
+packed there on its first query. Split positions and vertices are stored
+times the tree's trace scale (:func:`kdtree_gpu.trace.scale.trace_scale`, a
+power of two); the kernel scales every ray the same way, which leaves
+``t``, ``u`` and ``v`` unchanged.
 
 Ray conventions
 ---------------
 A ray is ``origin + t * direction``; a hit counts when ``tmin <= t <= tmax``
 (``t`` in units of the direction's length). Closest hit returns the smallest
-``t``, and on equal ``t`` the lowest triangle id. Triangles are two-sided.
+``t``, and on equal ``t`` the lowest triangle id. Triangles are two-sided. A
+ray with a NaN or infinite origin or direction, a zero direction, a NaN
+interval bound or ``tmin > tmax`` is a miss; with a status record the kernel
+counts such rays and keeps the first (:func:`bad_ray_message` names it).
 """
 
 from __future__ import annotations
@@ -31,21 +39,22 @@ import dataclasses
 
 import numpy as np
 
-from ..config import MAX_DEPTH_CAP
+from .. import encoding as enc
+from ..kernels import get_function
 from ..launch import launch
 from ..mesh import degenerate_mask, validate_mesh
+from .soa import HitSoA, RaySoA, TraceParams
 
 TRAVERSE_SOURCE = "traverse.cu"
 BRUTE_SOURCE = "brute.cu"
-# Threads per block; also passed to the kernels' __launch_bounds__.
-TRAVERSE_BLOCK = 128
-BRUTE_BLOCK = 128
-# The traversal stack holds at most one entry per level below the root.
-MAX_STACK = MAX_DEPTH_CAP
+_KERNEL_NAMES = {(a, c): f"kd_trace<{'true' if a else 'false'}, {'true' if c else 'false'}>"
+                 for a in (False, True) for c in (False, True)}
+_DESCRIPTIONS = {(False, False): "trace closest hit", (True, False): "trace any hit",
+                 (False, True): "trace closest hit counted", (True, True): "trace any hit counted"}
 
 
 @dataclasses.dataclass
-class DeviceTree:
+class TraversalLayout:
     """A tree's traversal data on one GPU (see the module docstring).
 
     Attributes
@@ -53,139 +62,177 @@ class DeviceTree:
     nodes : (num_nodes, 2) cupy int32
     tris : (3 * num_refs, 4) cupy float32
     bounds : (2, 3) numpy float32
-        Root box, passed to the kernels as six scalars.
-    depth : int
-        Deepest node (root = 0); the stack needs ``depth`` entries.
+        The root box (unscaled).
+    scale : float
+        The trace scale: a power of two.
     device_id : int
     """
 
     nodes: object
     tris: object
     bounds: np.ndarray
-    depth: int
+    scale: float
     device_id: int
 
-    def box_args(self) -> tuple:
-        """The root box as the kernels' six ``float`` arguments (lo xyz, hi xyz)."""
-        return tuple(np.float32(x) for x in self.bounds.reshape(-1))
+    def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf) -> TraceParams:
+        """The kernel's scalars for ``num_rays`` rays with one interval for all."""
+        lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
+        return TraceParams(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1],
+                           hi_z=hi[2], scale=self.scale, tmin=tmin, tmax=tmax,
+                           num_rays=num_rays)
 
 
-def pack_triangles(vertices, faces, tri_ids) -> np.ndarray:
-    """Gather triangles into the 16-byte-aligned layout of the kernels.
-
-    Parameters
-    ----------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
-    tri_ids : (k,) int32
-        Triangles to pack, in the order the kernels will read them (a tree's
-        ``leaf_tris``, or ascending ids for the brute force).
-
-    Returns
-    -------
-    (3 * k, 4) float32
-        Rows ``3j, 3j+1, 3j+2`` are the vertices of ``tri_ids[j]``; column 3 of
-        row ``3j`` holds ``tri_ids[j]`` as int32 bits, the other column-3 slots 0.
-    """
-    tri_ids = np.ascontiguousarray(tri_ids, dtype=np.int32)
-    corners = np.asarray(vertices, dtype=np.float32)[np.asarray(faces)[tri_ids]]  # (k, 3, 3)
-    packed = np.zeros((tri_ids.shape[0], 3, 4), dtype=np.float32)
-    packed[:, :, :3] = corners
-    packed[:, 0, 3] = tri_ids.view(np.float32)
-    return packed.reshape(-1, 4)
-
-
-def tree_depth(tree) -> int:
-    """Depth of the deepest node of ``tree`` (root = 0).
-
-    Returns
-    -------
-    int
-    """
-    from ..tree.check import walk_levels
-
-    node_depth = walk_levels(tree)[0]
-    return int(node_depth.max())
-
-
-def upload_tree(tree) -> DeviceTree:
-    """Copy a tree's traversal data to the current GPU, once per device.
-
-    The result is cached in ``tree._device_cache`` under the device id, so
-    repeated queries on the same tree upload nothing.
+def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, vertices, faces,
+                bounds) -> TraversalLayout:
+    """Pack a tree's traversal layout on the current device, from its device arrays.
 
     Parameters
     ----------
-    tree : KdTree
+    node_axis, node_split, node_child, node_count : (num_nodes,) cupy arrays
+    leaf_tris : (num_refs,) cupy int32
+    vertices : (num_vertices, 3) cupy float32
+    faces : (num_triangles, 3) cupy int32
+    bounds : (2, 3) float32 (host)
 
     Returns
     -------
-    DeviceTree
+    TraversalLayout
 
     Raises
     ------
     ValueError
-        The tree is deeper than the traversal stack (``MAX_STACK`` levels).
+        The tree is too large for the packed node encoding.
+    """
+    from ..builder.soa import TreeNodeSoA
+    from .scale import trace_scale
+
+    num_nodes, num_refs = int(node_axis.shape[0]), int(leaf_tris.shape[0])
+    if max(num_nodes, num_refs) > enc.PACK_MAX_INDEX:
+        raise ValueError(f"tree too large for the packed traversal layout: {num_nodes} nodes, "
+                         f"{num_refs} references (at most {enc.PACK_MAX_INDEX} each)")
+    bounds = np.ascontiguousarray(bounds, dtype=np.float32).reshape(2, 3)
+    scale = np.float32(trace_scale(bounds))
+    nodes = cp.empty((num_nodes, 2), dtype=np.int32)
+    tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
+    tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
+    launch("pack layout: nodes", get_function(TRAVERSE_SOURCE, "kd_pack_nodes"), num_nodes,
+           (tree_nodes.struct(), np.int64(num_nodes), scale, nodes))
+    launch("pack layout: triangles", get_function(TRAVERSE_SOURCE, "kd_pack_triangles"),
+           num_refs, (leaf_tris, np.int64(num_refs), vertices, faces, scale, tris))
+    return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
+                           device_id=cp.cuda.runtime.getDevice())
+
+
+def traversal_layout(tree) -> TraversalLayout:
+    """The tree's traversal layout on the current device (packed there once, then cached).
+
+    A tree built on this GPU already holds it. Otherwise the tree's arrays
+    are copied to the device as they are (no host packing) and packed there.
     """
     import cupy
 
     device_id = cupy.cuda.runtime.getDevice()
-    cached = tree._device_cache.get(device_id)
-    if isinstance(cached, DeviceTree):
-        return cached
-    depth = tree_depth(tree)
-    if depth > MAX_STACK:
-        raise ValueError(f"tree depth {depth} exceeds the traversal stack of {MAX_STACK} levels "
-                         f"(kdtree_gpu.config.MAX_DEPTH_CAP)")
-    device_tree = DeviceTree(
-        nodes=cupy.asarray(tree.packed_nodes()),
-        tris=cupy.asarray(pack_triangles(tree.vertices, tree.faces, tree.leaf_tris)),
-        bounds=np.ascontiguousarray(tree.bounds, dtype=np.float32).reshape(2, 3),
-        depth=depth,
-        device_id=device_id,
-    )
-    tree._device_cache[device_id] = device_tree
-    return device_tree
+    key = ("layout", device_id)
+    layout = tree._device_cache.get(key)
+    if layout is None:
+        names = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "vertices",
+                 "faces")
+        # host arrays are uploaded, another GPU's arrays copied (asarray would keep them there)
+        arrays = [cupy.array(tree.device_array(name), copy=tree.device != f"cuda:{device_id}")
+                  for name in names]
+        layout = pack_layout(cupy, *arrays, bounds=tree.bounds)
+        tree._device_cache[key] = layout
+    return layout
 
 
-def intersect_gpu(tree, origins, directions, tmin, tmax):
-    """Closest hit of each ray by kd-tree traversal on the GPU.
+def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, counted=False,
+          out=None, status=None) -> HitSoA:
+    """Launch the traversal kernel on the current stream.
 
     Parameters
     ----------
     tree : KdTree
     origins, directions : (num_rays, 3) cupy float32, C-contiguous
-    tmin, tmax : (num_rays,) cupy float32
+    tmin, tmax : float or (num_rays,) cupy float32
+        A Python number is a kernel parameter (no array is made).
+    any_hit, counted : bool
+        The query (closest or any hit) and whether to count nodes and tests.
+    out : HitSoA, optional
+        Preallocated outputs (the fields the query writes); made otherwise.
+    status : (2,) cupy uint64, zeroed, optional
+        Receives the bad-ray record; ``None``: bad rays are misses, nothing
+        is recorded and nothing is read back.
+
+    Returns
+    -------
+    HitSoA
+        With the fields of the query set.
+    """
+    import cupy
+
+    num_rays = int(origins.shape[0])
+    layout = traversal_layout(tree)
+    scalar_min = tmin if isinstance(tmin, (int, float, np.floating, np.integer)) else None
+    scalar_max = tmax if isinstance(tmax, (int, float, np.floating, np.integer)) else None
+    rays = RaySoA(origins, directions, None if scalar_min is not None else tmin,
+                  None if scalar_max is not None else tmax)
+    params = layout.params(num_rays, 0.0 if scalar_min is None else scalar_min,
+                           np.inf if scalar_max is None else scalar_max)
+    if out is None:
+        empty = cupy.empty
+        if any_hit:
+            out = HitSoA.of(hit_any=empty(num_rays, dtype=cupy.bool_))
+        else:
+            out = HitSoA.of(hit_t=empty(num_rays, dtype=cupy.float32),
+                            hit_tri=empty(num_rays, dtype=cupy.int32),
+                            hit_u=empty(num_rays, dtype=cupy.float32),
+                            hit_v=empty(num_rays, dtype=cupy.float32))
+        if counted:
+            out.ray_nodes = empty(num_rays, dtype=cupy.int32)
+            out.ray_tests = empty(num_rays, dtype=cupy.int32)
+    kernel = get_function(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
+                          name_expressions=tuple(_KERNEL_NAMES.values()))
+    launch(_DESCRIPTIONS[any_hit, counted], kernel, num_rays,
+           (layout.nodes, layout.tris, params.struct(), rays.struct(), out.struct(), status),
+           block=enc.TRAVERSE_BLOCK)
+    return out
+
+
+def intersect_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf, out=None):
+    """Closest hit of each ray by kd-tree traversal on the GPU (no ray checks).
+
+    Parameters
+    ----------
+    tree : KdTree
+    origins, directions : (num_rays, 3) cupy float32, C-contiguous
+    tmin, tmax : float or (num_rays,) cupy float32
+    out : HitSoA, optional
+        Preallocated ``hit_t``, ``hit_tri``, ``hit_u``, ``hit_v``.
 
     Returns
     -------
     t : (num_rays,) cupy float32
-        ``inf`` on a miss.
+        ``inf`` on a miss (also for a bad ray).
     tri : (num_rays,) cupy int32
         Triangle id, ``-1`` on a miss.
     u, v : (num_rays,) cupy float32
         Barycentrics of ``v1`` and ``v2`` (0 on a miss).
     """
-    return _trace(tree, origins, directions, tmin, tmax, any_hit=False, counted=False)
+    hits = trace(tree, origins, directions, tmin, tmax, out=out)
+    return hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v
 
 
-def occluded_gpu(tree, origins, directions, tmin, tmax):
-    """Whether each ray hits any triangle with ``tmin <= t <= tmax`` (kd-tree, GPU).
-
-    Parameters
-    ----------
-    tree : KdTree
-    origins, directions : (num_rays, 3) cupy float32, C-contiguous
-    tmin, tmax : (num_rays,) cupy float32
+def occluded_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf, out=None):
+    """Whether each ray hits any triangle with ``tmin <= t <= tmax`` (no ray checks).
 
     Returns
     -------
     hit : (num_rays,) cupy bool
     """
-    return _trace(tree, origins, directions, tmin, tmax, any_hit=True, counted=False)[0]
+    return trace(tree, origins, directions, tmin, tmax, any_hit=True, out=out).hit_any
 
 
-def intersect_counted_gpu(tree, origins, directions, tmin, tmax):
+def intersect_counted_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf):
     """:func:`intersect_gpu` plus per-ray work counts (a separate, slower kernel).
 
     Returns
@@ -197,10 +244,11 @@ def intersect_counted_gpu(tree, origins, directions, tmin, tmax):
     ray_tests : (num_rays,) cupy int32
         Ray-triangle tests.
     """
-    return _trace(tree, origins, directions, tmin, tmax, any_hit=False, counted=True)
+    h = trace(tree, origins, directions, tmin, tmax, counted=True)
+    return h.hit_t, h.hit_tri, h.hit_u, h.hit_v, h.ray_nodes, h.ray_tests
 
 
-def occluded_counted_gpu(tree, origins, directions, tmin, tmax):
+def occluded_counted_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf):
     """:func:`occluded_gpu` plus per-ray work counts.
 
     Returns
@@ -208,7 +256,27 @@ def occluded_counted_gpu(tree, origins, directions, tmin, tmax):
     hit : (num_rays,) cupy bool
     ray_nodes, ray_tests : (num_rays,) cupy int32
     """
-    return _trace(tree, origins, directions, tmin, tmax, any_hit=True, counted=True)
+    h = trace(tree, origins, directions, tmin, tmax, any_hit=True, counted=True)
+    return h.hit_any, h.ray_nodes, h.ray_tests
+
+
+def bad_ray_record(status) -> tuple:
+    """Read a status record (one small device-to-host copy).
+
+    Returns
+    -------
+    count : int
+        Bad rays of the launch.
+    first : int or None
+        Index of the first one.
+    kind : int
+        Its problem (``encoding.RAY_BAD_*``; 0 when there is none).
+    """
+    count, first = (int(x) for x in status.get())
+    if count == 0:
+        return 0, None, 0
+    packed = ~first & 0xFFFFFFFFFFFFFFFF
+    return count, packed >> enc.RAY_KIND_BITS, packed & ((1 << enc.RAY_KIND_BITS) - 1)
 
 
 def brute_intersect_gpu(vertices, faces, origins, directions, tmin, tmax):
@@ -237,18 +305,32 @@ def brute_occluded_gpu(vertices, faces, origins, directions, tmin, tmax):
     return _brute(vertices, faces, origins, directions, tmin, tmax, any_hit=True)[0]
 
 
+
 # --- helpers -------------------------------------------------------------------
-def _traverse_kernel(name):
-    from ..kernels import get_function
+def pack_triangles(vertices, faces, tri_ids) -> np.ndarray:
+    """Gather triangles into the 16-byte-aligned layout of the kernels.
 
-    options = (f"-DKD_TRAVERSE_BLOCK={TRAVERSE_BLOCK}", f"-DKD_MAX_STACK={MAX_STACK}")
-    return get_function(TRAVERSE_SOURCE, name, options=options)
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+    tri_ids : (k,) int32
+        Triangles to pack, in the order the kernels will read them (a tree's
+        ``leaf_tris``, or ascending ids for the brute force).
 
+    Returns
+    -------
+    (3 * k, 4) float32
+        Rows ``3j, 3j+1, 3j+2`` are the vertices of ``tri_ids[j]``; column 3 of
+        row ``3j`` holds ``tri_ids[j]`` as int32 bits, the other column-3 slots 0.
+    """
+    tri_ids = np.ascontiguousarray(tri_ids, dtype=np.int32)
+    corners = np.asarray(vertices, dtype=np.float32)[np.asarray(faces)[tri_ids]]  # (k, 3, 3)
+    packed = np.zeros((tri_ids.shape[0], 3, 4), dtype=np.float32)
+    packed[:, :, :3] = corners
+    packed[:, 0, 3] = tri_ids.view(np.float32)
+    return packed.reshape(-1, 4)
 
-def _brute_kernel(name):
-    from ..kernels import get_function
-
-    return get_function(BRUTE_SOURCE, name, options=(f"-DKD_BRUTE_BLOCK={BRUTE_BLOCK}",))
 
 
 def _check_rays(origins, directions, tmin, tmax) -> int:
@@ -274,29 +356,6 @@ def _check_rays(origins, directions, tmin, tmax) -> int:
     return num_rays
 
 
-def _trace(tree, origins, directions, tmin, tmax, any_hit, counted):
-    import cupy
-
-    num_rays = _check_rays(origins, directions, tmin, tmax)
-    device_tree = upload_tree(tree)
-    name = "kd_intersect_any" if any_hit else "kd_intersect_closest"
-    if counted:
-        name += "_counted"
-    kernel = _traverse_kernel(name)
-    if any_hit:
-        outputs = (cupy.empty(num_rays, dtype=cupy.bool_),)
-    else:
-        outputs = (cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.int32),
-                   cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.float32))
-    if counted:
-        outputs += (cupy.empty(num_rays, dtype=cupy.int32), cupy.empty(num_rays, dtype=cupy.int32))
-    args = (device_tree.nodes, device_tree.tris, *device_tree.box_args(), origins, directions,
-            tmin, tmax, np.int32(num_rays), *outputs)
-    description = ("trace any hit" if any_hit else "trace closest hit") + (" counted" if counted else "")
-    launch(description, kernel, num_rays, args, block=TRAVERSE_BLOCK)
-    return outputs
-
-
 def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     import cupy
 
@@ -305,7 +364,7 @@ def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     tri_ids = np.flatnonzero(~degenerate_mask(V, F)).astype(np.int32)
     tris = cupy.asarray(pack_triangles(V, F, tri_ids))
     name = "kd_brute_any" if any_hit else "kd_brute_closest"
-    kernel = _brute_kernel(name)
+    kernel = get_function(BRUTE_SOURCE, name)
     if any_hit:
         outputs = (cupy.empty(num_rays, dtype=cupy.bool_),)
     else:
@@ -314,5 +373,5 @@ def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     args = (tris, np.int32(tri_ids.shape[0]), origins, directions, tmin, tmax, np.int32(num_rays),
             *outputs)
     launch("brute-force " + ("any hit" if any_hit else "closest hit"), kernel, num_rays, args,
-           block=BRUTE_BLOCK)
+           block=enc.BRUTE_BLOCK)
     return outputs

@@ -8,7 +8,6 @@ that make the same decisions produce byte-identical leaves.
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Optional
 
 import numpy as np
@@ -20,9 +19,37 @@ from .compare import compare_trees
 from .io import TreeFileError, read_tree_file, save_tree
 
 
-@dataclasses.dataclass(eq=False)
+# The arrays of a tree and their dtypes (in file order, see .io.ARRAY_NAMES).
+ARRAY_DTYPES = {
+    "node_axis": enc.NODE_AXIS_DTYPE, "node_split": enc.NODE_SPLIT_DTYPE,
+    "node_child": enc.NODE_CHILD_DTYPE, "node_count": enc.NODE_COUNT_DTYPE,
+    "leaf_tris": enc.LEAF_TRIS_DTYPE, "bounds": np.float32, "vertices": np.float32,
+    "faces": np.int32,
+}
+
+
+def _array_property(name):
+    def get(self):
+        return self._host_array(name)
+
+    def set(self, value):
+        # no shape checks across arrays here: tests and tools change one array
+        # at a time, and check() names what is inconsistent
+        self._set_arrays({name: value}, check_shapes=False)
+
+    return property(get, set, doc=f"{name} as a NumPy array (made on first host use).")
+
+
 class KdTree:
-    """A kd-tree over a triangle mesh.
+    """A kd-tree over a triangle mesh, living where it was built.
+
+    A tree built on a GPU keeps its arrays on that GPU (``tree.device`` is
+    ``"cuda:N"``), together with the traversal layout the builder wrote, so
+    the first ray query launches the traversal kernel and nothing else.
+    Reading an array attribute (``tree.node_axis``), :meth:`stats`,
+    :meth:`check`, :meth:`compare` and :meth:`save` make NumPy copies on
+    first use and keep them (read-only, so that they cannot drift from the
+    device arrays); :meth:`to` copies the tree to another device.
 
     Attributes
     ----------
@@ -47,51 +74,122 @@ class KdTree:
     num_degenerate : int
         Zero-area triangles left out of the tree.
     build_info : dict
-        Free-form facts about the build (builder name, device, timings).
+        Facts about the build (``builder``, ``device``, ``kernels``, ``seconds``, ...).
+    device : str
+        Where the arrays live: ``"cpu"`` or ``"cuda:N"``.
     """
 
-    node_axis: np.ndarray
-    node_split: np.ndarray
-    node_child: np.ndarray
-    node_count: np.ndarray
-    leaf_tris: np.ndarray
-    bounds: np.ndarray
-    vertices: np.ndarray
-    faces: np.ndarray
-    config: SAHConfig
-    num_degenerate: int = 0
-    build_info: dict = dataclasses.field(default_factory=dict)
+    node_axis = _array_property("node_axis")
+    node_split = _array_property("node_split")
+    node_child = _array_property("node_child")
+    node_count = _array_property("node_count")
+    leaf_tris = _array_property("leaf_tris")
+    bounds = _array_property("bounds")
+    vertices = _array_property("vertices")
+    faces = _array_property("faces")
 
-    def __post_init__(self):
-        self.node_axis = np.ascontiguousarray(self.node_axis, dtype=enc.NODE_AXIS_DTYPE)
-        self.node_split = np.ascontiguousarray(self.node_split, dtype=enc.NODE_SPLIT_DTYPE)
-        self.node_child = np.ascontiguousarray(self.node_child, dtype=enc.NODE_CHILD_DTYPE)
-        self.node_count = np.ascontiguousarray(self.node_count, dtype=enc.NODE_COUNT_DTYPE)
-        self.leaf_tris = np.ascontiguousarray(self.leaf_tris, dtype=enc.LEAF_TRIS_DTYPE)
-        self.bounds = np.ascontiguousarray(self.bounds, dtype=np.float32).reshape(2, 3)
-        self.vertices = np.ascontiguousarray(self.vertices, dtype=np.float32)
-        self.faces = np.ascontiguousarray(self.faces, dtype=np.int32)
-        n = self.node_axis.shape[0]
+    def __init__(self, node_axis, node_split, node_child, node_count, leaf_tris, bounds, vertices,
+                 faces, config: SAHConfig, num_degenerate: int = 0,
+                 build_info: Optional[dict] = None):
+        self.config = config
+        self.num_degenerate = int(num_degenerate)
+        self.build_info = {} if build_info is None else build_info
+        self._arrays = {}  # name -> array on self.device (NumPy on the CPU, CuPy on a GPU)
+        self._host = {}  # name -> NumPy copy of a device array
+        self._device_cache = {}  # derived data: traversal layouts per device, ...
+        self.device = "cpu"
+        self._set_arrays(dict(node_axis=node_axis, node_split=node_split, node_child=node_child,
+                              node_count=node_count, leaf_tris=leaf_tris, bounds=bounds,
+                              vertices=vertices, faces=faces))
+
+    def _set_arrays(self, arrays: dict, check_shapes: bool = True) -> None:
+        """Replace arrays (all on one device: NumPy, or CuPy on one GPU) and check shapes."""
+        from ..arrays import device_of, library
+
+        merged = {**self._arrays, **arrays}
+        devices = {str(device_of(a)) for a in merged.values() if library(a) != "numpy"}
+        if len(devices) > 1 or (devices and any(library(a) == "numpy"
+                                                for a in merged.values())):
+            raise ValueError("a KdTree's arrays must all live on one device")
+        device = devices.pop() if devices else "cpu"
+        for name, value in arrays.items():
+            if not check_shapes:
+                # stored as given (an assignment): check() names a wrong dtype or shape
+                merged[name] = value if device != "cpu" else np.asarray(value)
+                continue
+            if device == "cpu":
+                value = np.ascontiguousarray(value, dtype=ARRAY_DTYPES[name])
+            else:
+                import cupy
+
+                value = cupy.ascontiguousarray(value, dtype=ARRAY_DTYPES[name])
+            if name == "bounds":
+                value = value.reshape(2, 3)
+            merged[name] = value
+        n = merged["node_axis"].shape[0]
         for name in ("node_split", "node_child", "node_count"):
-            if getattr(self, name).shape != (n,):
-                raise ValueError(f"{name} must have shape ({n},), got {getattr(self, name).shape}")
-        if n == 0:
+            if check_shapes and merged[name].shape != (n,):
+                raise ValueError(f"{name} must have shape ({n},), got {merged[name].shape}")
+        if check_shapes and n == 0:
             raise ValueError("a tree needs at least a root node")
-        self.num_degenerate = int(self.num_degenerate)
-        self._device_cache = {}
+        self._arrays = merged
+        self.device = device
+        for name in arrays:
+            self._host.pop(name, None)
+        self._device_cache.clear()
+
+    def _host_array(self, name):
+        a = self._arrays[name]
+        if self.device == "cpu":
+            return a
+        host = self._host.get(name)
+        if host is None:
+            host = a.get()
+            host.flags.writeable = False
+            self._host[name] = host
+        return host
+
+    def device_array(self, name: str):
+        """Array ``name`` where the tree lives (NumPy on the CPU, CuPy on a GPU); no copy."""
+        return self._arrays[name]
+
+    def to(self, device) -> "KdTree":
+        """A copy of the tree on ``device`` (``"cpu"``, ``"cuda"``, ``"cuda:N"``).
+
+        Returns ``self`` when the tree already lives there.
+        """
+        from ..device import resolve_device
+
+        dev = resolve_device(device)
+        if str(dev) == self.device:
+            return self
+        if dev.is_cuda:
+            import cupy
+
+            with dev.use():
+                arrays = {name: cupy.asarray(self._host_array(name) if self.device == "cpu"
+                                             else a) for name, a in self._arrays.items()}
+        else:
+            arrays = {name: np.array(self._host_array(name)) for name in self._arrays}
+        return KdTree(**arrays, config=self.config, num_degenerate=self.num_degenerate,
+                      build_info=dict(self.build_info))
+
+    def __repr__(self) -> str:
+        return (f"KdTree({self.num_triangles} triangles, {self.num_nodes} nodes, "
+                f"{self.num_refs} references, device={self.device!r})")
 
     # --- sizes ---------------------------------------------------------------
     @property
     def num_nodes(self) -> int:
-        return int(self.node_axis.shape[0])
+        return int(self._arrays["node_axis"].shape[0])
 
     @property
     def num_refs(self) -> int:
-        return int(self.leaf_tris.shape[0])
+        return int(self._arrays["leaf_tris"].shape[0])
 
     @property
     def num_triangles(self) -> int:
-        return int(self.faces.shape[0])
+        return int(self._arrays["faces"].shape[0])
 
     def leaf_mask(self) -> np.ndarray:
         """(num_nodes,) bool: True for leaves."""
@@ -132,19 +230,27 @@ class KdTree:
         """Write the tree to one file atomically (see :mod:`kdtree_gpu.tree.io`)."""
         save_tree(self, path)
 
-    # --- ray queries -----------------------------------------------------------
-    def intersect(self, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
+    # --- ray queries (kdtree_gpu.trace) ---------------------------------------
+    def intersect(self, origins, directions, tmin=0.0, tmax=np.inf, *, out=None, check=True,
+                  device="auto"):
         """Closest hit of each ray.
 
         Parameters
         ----------
         origins, directions : (num_rays, 3) array_like of float
-            NumPy arrays run on the CPU (or on the GPU with ``device="cuda"``,
-            results copied back); CuPy and CUDA PyTorch arrays run on the GPU
-            and results come back as the same library on the same device.
+            NumPy arrays run on the CPU (or on a GPU with ``device="cuda"``);
+            CuPy arrays, CUDA PyTorch tensors and other GPU arrays run on
+            their GPU and results come back in the same library, on the same
+            device, on the caller's stream.
         tmin, tmax : float or (num_rays,) array_like
             Ray interval; hits with ``tmin <= t <= tmax`` count.
-        device : {"auto", "cpu", "cuda"}
+        out : tuple of 4 arrays, optional
+            Preallocated ``(t, tri, u, v)``.
+        check : bool
+            Raise ``ValueError`` naming the first bad ray; ``False``: bad rays
+            are misses and the GPU path never waits for the GPU.
+        device : str
+            ``"auto"`` (where the rays are), ``"cpu"``, ``"gpu"``, ``"cuda"``, ``"cuda:N"``.
 
         Returns
         -------
@@ -154,13 +260,19 @@ class KdTree:
             Triangle index, ``-1`` on a miss.
         u, v : (num_rays,) float32
             Barycentrics of the hit (point = (1-u-v) v0 + u v1 + v v2).
+
+        See :func:`kdtree_gpu.trace.intersect`.
         """
         from ..trace import intersect
 
-        return intersect(self, origins, directions, tmin, tmax, device=device)
+        return intersect(self, origins, directions, tmin, tmax, out=out, check=check,
+                         device=device)
 
-    def occluded(self, origins, directions, tmin=0.0, tmax=np.inf, device="auto"):
+    def occluded(self, origins, directions, tmin=0.0, tmax=np.inf, *, out=None, check=True,
+                 device="auto"):
         """Whether each ray hits anything in ``[tmin, tmax]`` (any hit).
+
+        Parameters as :meth:`intersect` (``out`` is one bool array).
 
         Returns
         -------
@@ -168,7 +280,8 @@ class KdTree:
         """
         from ..trace import occluded
 
-        return occluded(self, origins, directions, tmin, tmax, device=device)
+        return occluded(self, origins, directions, tmin, tmax, out=out, check=check,
+                        device=device)
 
 
 def load_tree(path, check: bool = False) -> KdTree:

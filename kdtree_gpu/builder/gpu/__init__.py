@@ -8,7 +8,9 @@
   for all of them, every size kept on the device);
 * :mod:`.level_stages`: larger levels (and every level on devices without
   cooperative launch) with one launch per stage;
-* :mod:`.output`: the tree's node records and leaf lists on the device.
+* :mod:`.output`: the tree's node records and leaf lists on the device;
+* finally the traversal layout, packed on the device
+  (:func:`kdtree_gpu.trace.gpu.pack_layout`): the tree stays on the GPU.
 
 The stages are the same in all three: the device functions of
 ``cuda/build_stages.cuh``, whose NumPy twins are the stage functions of
@@ -20,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 
 from ...launch import stage
+from ...trace.gpu import pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
 from .level_loop import build_levels_grid, level_loop_kernel
@@ -57,7 +60,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         ``cupy``.
     cfg : SAHConfig
     V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
-        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`.
+        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`, or CuPy arrays
+        from :func:`.root.coerce_mesh_cuda`.
     loop : {"grid", "stages"}
         ``"grid"`` runs levels in the level-loop kernel where the device (and
         ``settings.level_loop``) allows; ``"stages"`` runs every level with
@@ -66,8 +70,12 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
 
     Returns
     -------
-    host : list of numpy.ndarray
-        node_axis, node_split, node_child, node_count, leaf_tris.
+    arrays : dict
+        The tree on the device, at its exact sizes: node_axis, node_split,
+        node_child, node_count, leaf_tris, and the mesh (vertices, faces).
+    layout : TraversalLayout
+        Packed for the traversal kernel (:mod:`kdtree_gpu.trace.gpu`), so
+        that the first query launches nothing else.
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
         ran, else "stages"), loop_launches, stage_levels (the levels run with
@@ -76,7 +84,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
     with stage(xp=cp, description="prepare_mesh"):
-        tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = prepare_mesh_cuda(cp, V, F)
+        V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \
+            prepare_mesh_cuda(cp, V, F)
     num_root = refs.size
     max_depth = cfg.resolved_max_depth(num_root)
     with stage(xp=cp, description="create_root_events"):
@@ -96,10 +105,14 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             # The loop stopped at a level whose children are too large for it.
         state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
     peak = max(peak, state.peak_bytes)
-    with stage(xp=cp, description="download"):
-        host = out.download(state.level_base, state.leaf_ref_base)
+    del tri_lo, tri_hi, state.events, state.refs, state.nodes
+    with stage(xp=cp, description="traversal layout"):
+        arrays = out.finish(state.level_base, state.leaf_ref_base)
+        layout = pack_layout(cp, *(arrays[name] for name in (
+            "node_axis", "node_split", "node_child", "node_count", "leaf_tris")), V_d, F_d, bounds)
+    arrays.update(vertices=V_d, faces=F_d)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "stage_levels": state.stage_levels,
             "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
-    return host, info
+    return arrays, layout, info

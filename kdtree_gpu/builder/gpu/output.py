@@ -1,8 +1,9 @@
 """The tree as the GPU builder writes it: node records and leaf lists on the device.
 
 Levels are written at offsets into buffers that grow by doubling (no
-per-level concatenation); :meth:`TreeOutput.download` brings the finished
-tree to the host.
+per-level concatenation); :meth:`TreeOutput.finish` cuts the finished tree
+to its size on the device (the tree stays there;
+:class:`kdtree_gpu.KdTree` makes host copies when host code asks for them).
 """
 
 from __future__ import annotations
@@ -15,11 +16,6 @@ from ..soa import TreeNodeSoA
 
 class TreeOutput:
     """Device node arrays (a :class:`TreeNodeSoA`) and the leaf list, grown by doubling."""
-
-    # Trees up to this many bytes are packed for one copy (below it, each
-    # copy's synchronization costs more than the packing); larger ones copy
-    # array by array (packing measured slower on an H200 for 260 MB).
-    PACK_BYTES = 1 << 24
 
     def __init__(self, cp, node_capacity: int, leaf_capacity: int):
         self.cp = cp
@@ -46,27 +42,16 @@ class TreeOutput:
         self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes) for a in self.nodes.args()))
         self.leaf = self._grow(self.leaf, num_leaf_refs)
 
-    def download(self, num_nodes: int, num_leaf_refs: int) -> list:
-        """The tree's arrays on the host. A small tree is packed into one
-        device buffer and copied once (one synchronization instead of five).
+    def finish(self, num_nodes: int, num_leaf_refs: int) -> dict:
+        """The tree's device arrays at their exact sizes (copies: the buffers are freed).
 
         Returns
         -------
-        list of numpy.ndarray
+        dict
             node_axis, node_split, node_child, node_count (num_nodes,) and
-            leaf_tris (num_leaf_refs,).
+            leaf_tris (num_leaf_refs,), CuPy arrays.
         """
-        cp = self.cp
-        parts = [a[:num_nodes] for a in self.nodes.args()] + [self.leaf[:num_leaf_refs]]
-        if sum(part.nbytes for part in parts) > self.PACK_BYTES:
-            return [part.get() for part in parts]
-        offsets, total = [], 0
-        for part in parts:
-            offsets.append(total)
-            total += (part.nbytes + 7) // 8 * 8  # keep every part 8-byte aligned
-        packed = cp.empty(total, dtype=np.uint8)
-        for part, offset in zip(parts, offsets):
-            packed[offset:offset + part.nbytes].view(part.dtype)[...] = part
-        host = packed.get()
-        return [host[offset:offset + part.nbytes].view(part.dtype)
-                for part, offset in zip(parts, offsets)]
+        arrays = {name: a[:num_nodes].copy() for name, a in self.nodes.arrays().items()}
+        arrays["leaf_tris"] = self.leaf[:num_leaf_refs].copy()
+        self.nodes = self.leaf = None
+        return arrays

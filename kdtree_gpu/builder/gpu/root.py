@@ -32,16 +32,54 @@ def _summary_init(cp):
     return init
 
 
+def coerce_mesh_cuda(cp, vertices, faces):
+    """:func:`kdtree_gpu.mesh.coerce_mesh` for arrays that live on the GPU, on the GPU.
+
+    Shapes and dtypes are read from the arrays' metadata; values stay on the
+    device (the range of non-int32 indices is checked there, one small read,
+    since converting an out-of-range int64 index to int32 would hide it).
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) GPU array of float
+    faces : (num_triangles, 3) GPU array of int
+        CuPy arrays, CUDA tensors, or anything with ``__cuda_array_interface__``
+        or DLPack (zero-copy views where the library allows).
+
+    Returns
+    -------
+    vertices : (num_vertices, 3) cupy float32
+        With -0.0 folded into +0.0.
+    faces : (num_triangles, 3) cupy int32
+    """
+    from ...arrays import to_cupy, to_numpy
+    from ...mesh import _check_shapes
+
+    V = to_cupy(vertices)
+    F = to_cupy(faces)
+    _check_shapes(V, F)
+    if F.dtype != np.int32:
+        # one read: a wider index out of int32 range would wrap when converted
+        lo, hi = (int(x) for x in cp.stack([F.min(), F.max()]).astype(np.int64).get())
+        if lo < 0 or hi >= V.shape[0]:
+            validate_mesh(to_numpy(V), to_numpy(F))  # raises, naming the first bad face
+        F = F.astype(np.int32)
+    V32 = cp.ascontiguousarray(V, dtype=np.float32) + np.float32(0.0)
+    return V32, cp.ascontiguousarray(F, dtype=np.int32)
+
+
 def prepare_mesh_cuda(cp, V, F):
     """Rule R1 on the device: triangle boxes, degenerate test, the root level.
 
     Parameters
     ----------
     V : (num_vertices, 3) float32, F : (num_triangles, 3) int32
-        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`.
+        Host arrays from :func:`kdtree_gpu.mesh.coerce_mesh`, or CuPy arrays
+        from :func:`coerce_mesh_cuda`.
 
     Returns
     -------
+    V_d, F_d : the mesh on the device
     tri_lo, tri_hi : (num_triangles, 3) float32 (device)
     refs : RefSoA
         The root's references: the non-degenerate triangles, ascending.
@@ -58,6 +96,8 @@ def prepare_mesh_cuda(cp, V, F):
         Out-of-range indices or non-finite coordinates (named by
         :func:`kdtree_gpu.mesh.validate_mesh`), or no valid triangle.
     """
+    from ...arrays import to_numpy
+
     m = int(F.shape[0])
     V_d = cp.asarray(V)
     F_d = cp.asarray(F)
@@ -71,7 +111,7 @@ def prepare_mesh_cuda(cp, V, F):
     # One deliberate read: problems, root box and event counts size everything after.
     host = summary.get()
     if host[enc.SUMMARY_FLAGS] != 0:
-        validate_mesh(V, F)  # names the first bad vertex or face
+        validate_mesh(to_numpy(V), to_numpy(F))  # names the first bad vertex or face
         raise MeshError("invalid mesh (non-finite coordinates or out-of-range indices)")
     num_valid = int(host[enc.SUMMARY_VALID])
     if num_valid == 0:
@@ -85,7 +125,7 @@ def prepare_mesh_cuda(cp, V, F):
     nodes = NodeSoA.allocate(cp, 1)
     launch("prepare_mesh: root level", get_function(_SOURCE, "kd_root_level"), m,
            (valid_scan, np.int64(m), summary, *refs.args(), *nodes.args()))
-    return tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
+    return V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
 
 
 def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:

@@ -1,6 +1,6 @@
 """GPU ray queries (kdtree_gpu.trace.gpu): kd-tree traversal against brute force and the CPU.
 
-GPU tests: ``python -m pytest tests/kdtree_gpu/test_raycast_gpu.py -m gpu -q``.
+GPU tests: ``python -m pytest tests/kdtree_gpu/trace/test_gpu.py -m gpu -q``.
 They compare the GPU traversal with the GPU brute force (all triangles, the
 same watertight test) and with the CPU traversal, on procedural scenes built
 to be hard (grids of quads whose shared edges and vertices the rays pass
@@ -169,9 +169,11 @@ def test_pack_triangles_keeps_order_vertices_and_ids():
 
 
 def test_traversal_stack_covers_the_depth_cap():
-    from kdtree_gpu.config import MAX_DEPTH_CAP
+    # the kernel's stack is KD_MAX_DEPTH_CAP entries, the cap of every config
+    from kdtree_gpu import config, encoding
 
-    assert rg.MAX_STACK >= MAX_DEPTH_CAP
+    assert config.MAX_DEPTH_CAP is encoding.MAX_DEPTH_CAP
+    assert "#define KD_MAX_DEPTH_CAP (64)" in encoding.cuda_defines()
 
 
 @pytest.mark.skipif(kernels.find_nvcc() is None, reason="nvcc not installed")
@@ -351,13 +353,22 @@ def test_counts_of_the_counted_kernels(make_tree, rng):
 
 @gpu
 @needs_gpu
-def test_tree_is_uploaded_once_per_device(make_tree, rng):
+def test_layout_is_packed_on_the_device_once_and_equals_the_host_packing(make_tree, rng):
+    from kdtree_gpu import encoding as enc
+    from kdtree_gpu.trace.scale import trace_scale
+
     vertices, faces = make_icosphere(1)
-    tree = make_tree(vertices, faces)
-    first = rg.upload_tree(tree)
-    assert rg.upload_tree(tree) is first
+    tree = make_tree(vertices, faces)  # a CPU tree: packed on its first GPU query
+    first = rg.traversal_layout(tree)
+    assert rg.traversal_layout(tree) is first
     assert first.nodes.shape == (tree.num_nodes, 2) and first.tris.shape == (3 * tree.num_refs, 4)
-    assert first.depth == tree.stats()["max_depth"]
+    scale = np.float32(trace_scale(tree.bounds))
+    assert first.scale == scale
+    split = (tree.node_split * scale).astype(np.float32)
+    expected = enc.pack_nodes(tree.node_axis, split, tree.node_child, tree.node_count)
+    assert np.array_equal(first.nodes.get(), expected)
+    tris = rg.pack_triangles(tree.vertices * scale, tree.faces, tree.leaf_tris)
+    assert np.array_equal(first.tris.get(), tris)
 
 
 @gpu
@@ -367,13 +378,16 @@ def test_bad_ray_arrays_are_rejected(make_tree):
 
     vertices, faces = make_icosphere(1)
     tree = make_tree(vertices, faces)
-    o, d, tmin, tmax = gpu_rays(np.zeros((4, 3), np.float32), np.ones((4, 3), np.float32))
-    with pytest.raises(ValueError, match="origins"):
-        rg.intersect_gpu(tree, o.astype(cupy.float64), d, tmin, tmax)
-    with pytest.raises(ValueError, match="directions"):
-        rg.intersect_gpu(tree, o, d[:3], tmin, tmax)
-    with pytest.raises(ValueError, match="tmax"):
-        rg.occluded_gpu(tree, o, d, tmin, tmax[:2])
+    o, d = cupy.zeros((4, 3), cupy.float32), cupy.ones((4, 3), cupy.float32)
+    with pytest.raises(ValueError, match="origins must have shape"):
+        tree.intersect(o[:, :2], d)
+    with pytest.raises(ValueError, match="origins has 4 rays but directions has 3"):
+        tree.intersect(o, d[:3])
+    with pytest.raises(ValueError, match=r"tmax must be a scalar or have shape \(4,\)"):
+        tree.occluded(o, d, tmax=cupy.ones(2, cupy.float32))
+    # other dtypes are converted on the device
+    t64 = tree.intersect(o.astype(cupy.float64), d)[0]
+    assert np.array_equal(t64.get(), tree.intersect(o, d)[0].get())
 
 
 @gpu
