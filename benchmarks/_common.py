@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -58,3 +59,21 @@ def gpu_time_ms(fn, repeats, warmup):
         end.synchronize()
         times.append(cupy.cuda.get_elapsed_time(start, end))
     return statistics.median(times), times
+
+
+def optix_table(peers_dir):
+    """{mesh: {"build_ms", "compact_ms", "primary_mrays", ...}} from h200_optix.md."""
+    path = Path(peers_dir) / "results" / "h200_optix.md"
+    table = {}
+    if not path.is_file():
+        return table
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 8 or not re.match(r"^[\d,]+$", cells[1]):
+            continue
+        num = [float(c.replace(",", "")) for c in cells[1:]]
+        # mesh | triangles | FT build | compaction | FB build | GAS MB | primary | diffuse | any hit
+        table[cells[0]] = {"triangles": int(num[0]), "build_ms": num[1], "compact_ms": num[2],
+                           "fast_build_ms": num[3], "primary_mrays": num[5],
+                           "diffuse_mrays": num[6], "occlusion_mrays": num[7]}
+    return table

@@ -52,7 +52,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import gpu_time_ms  # noqa: E402
+from _common import gpu_time_ms, optix_table  # noqa: E402
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -120,23 +120,40 @@ def time_wall(pb, fn, repeats, warmup):
 
 
 def measure_ours(tree, rays, any_hit, args, pb):
-    """Mrays/s (events and wall clock) and per-ray work counts for one ray set."""
+    """Mrays/s through the public API and of the kernel alone, and per-ray work counts.
+
+    ``rays`` is ``(origins, directions, tmin, tmax)`` as CuPy arrays (tmin and
+    tmax may be numbers). The public API is what README shows: ``tree.intersect``
+    (or ``tree.occluded``) on CuPy arrays, ``check=True`` (the default: one
+    small read after the launch) and ``check=False``, timed as peer_bench times
+    every peer (wall clock with synchronization). The kernel alone is the
+    traversal launch on the same prepared arrays, between CUDA events.
+    """
     from kdtree_gpu.trace import gpu as rg
 
-    query = rg.occluded_gpu if any_hit else rg.intersect_gpu
-    counted = rg.occluded_counted_gpu if any_hit else rg.intersect_counted_gpu
-    n = rays[0].shape[0]
-    event_ms, event_all = time_gpu(lambda: query(tree, *rays), args.repeats, args.warmup)
-    wall_s = time_wall(pb, lambda: query(tree, *rays), args.repeats, args.warmup)
-    result = counted(tree, *rays)
-    ray_nodes, ray_tests = result[-2].get(), result[-1].get()
+    O, D, tmin, tmax = rays
+    query = tree.occluded if any_hit else tree.intersect
+    n = O.shape[0]
+    kernel_ms, kernel_all = time_gpu(lambda: rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit),
+                                     args.repeats, args.warmup)
+    api_s = time_wall(pb, lambda: query(O, D, tmin, tmax), args.repeats, args.warmup)
+    unchecked_s = time_wall(pb, lambda: query(O, D, tmin, tmax, check=False), args.repeats,
+                            args.warmup)
+    kernel_wall_s = time_wall(pb, lambda: rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit),
+                              args.repeats, args.warmup)
+    counted = rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit, counted=True)
+    ray_nodes, ray_tests = counted.ray_nodes.get(), counted.ray_tests.get()
+    hit = counted.hit_any if any_hit else counted.hit_tri >= 0
     return {
-        "rays": int(n), "ms_median": event_ms, "ms_all": event_all,
-        "mrays_per_s": n / event_ms / 1e3, "wall_s_median": wall_s,
-        "mrays_per_s_wall": n / wall_s / 1e6,
+        "rays": int(n), "kernel_ms_median": kernel_ms, "kernel_ms_all": kernel_all,
+        "kernel_mrays_per_s": n / kernel_ms / 1e3,
+        "kernel_wall_s_median": kernel_wall_s, "kernel_mrays_per_s_wall": n / kernel_wall_s / 1e6,
+        "api_wall_s_median": api_s, "mrays_per_s_wall": n / api_s / 1e6,
+        "unchecked_wall_s_median": unchecked_s, "unchecked_mrays_per_s_wall": n / unchecked_s / 1e6,
+        "api_over_kernel": kernel_ms / 1e3 / api_s,
         "nodes_per_ray": float(ray_nodes.mean()), "tests_per_ray": float(ray_tests.mean()),
         "max_nodes": int(ray_nodes.max()), "max_tests": int(ray_tests.max()),
-        "hit_fraction": float(np.mean((result[0] if any_hit else result[1] >= 0).get())),
+        "hit_fraction": float(np.mean(hit.get())),
     }
 
 
@@ -170,7 +187,9 @@ def build_tree(V, F, builder):
         return build(V, F)
     import kdtree_gpu as kd
 
-    return kd.build(V, F, device="cuda")
+    import cupy
+
+    return kd.build(cupy.asarray(V), cupy.asarray(F))
 
 
 def bench_mesh(name, args, pb):
@@ -189,15 +208,12 @@ def bench_mesh(name, args, pb):
 
     O, D = pb.make_primary_rays(V, args.width, args.height)
     O2, D2 = pb.make_diffuse_rays(V, F, args.width * args.height, seed=1234)
-    n = O.shape[0]
-    primary = (cupy.asarray(O), cupy.asarray(D), cupy.zeros(n, cupy.float32),
-               cupy.full(n, np.inf, cupy.float32))
-    diffuse = (cupy.asarray(O2), cupy.asarray(D2), cupy.zeros(O2.shape[0], cupy.float32),
-               cupy.full(O2.shape[0], np.inf, cupy.float32))
-    t_primary, tri_primary, _, _ = (x.get() for x in rg.intersect_gpu(tree, *primary))
-    t_diffuse, tri_diffuse, _, _ = (x.get() for x in rg.intersect_gpu(tree, *diffuse))
+    primary = (cupy.asarray(O), cupy.asarray(D), 0.0, np.inf)
+    diffuse = (cupy.asarray(O2), cupy.asarray(D2), 0.0, np.inf)
+    t_primary, tri_primary, _, _ = (x.get() for x in tree.intersect(*primary))
+    t_diffuse, tri_diffuse, _, _ = (x.get() for x in tree.intersect(*diffuse))
     SO, SD, smin, smax, light = make_shadow_rays(V, O, D, t_primary, tri_primary)
-    shadow = tuple(cupy.asarray(x) for x in (SO, SD, smin, smax))
+    shadow = (cupy.asarray(SO), cupy.asarray(SD), float(smin[0]), float(smax[0]))
     record["light"] = light.tolist()
 
     ours = {"primary": measure_ours(tree, primary, False, args, pb),
@@ -241,35 +257,41 @@ def gpu_slug(name):
 
 
 def markdown_table(result):
+    optix = result.get("optix", {})
     lines = [f"# GPU kd-tree traversal, {result['device']}",
              "",
              f"commit `{result['commit']}`, {result['date']}, {result['width']}x{result['height']} "
-             "rays per set; Mrays/s from wall clock with synchronization (as for the peers), "
-             "CUDA-event figure in parentheses. Warp = wp.Mesh LBVH + mesh_query_ray; "
-             "Embree = embreex on all CPU cores. Shadow rays: any hit, ours only.",
+             "rays per set (peer_bench rays). Ours through the public API: `tree.intersect` / "
+             "`tree.occluded` on CuPy arrays, default `check=True` (the unchecked call in "
+             "parentheses), wall clock with synchronization as peer_bench times every peer; "
+             "kernel alone: the traversal launch on the same arrays, CUDA events. Warp = "
+             "wp.Mesh LBVH + mesh_query_ray, same run; Embree = embreex on all CPU cores, same "
+             "run; OptiX 9.0 on the same H200 model (software traversal; h200_optix.md, "
+             "closest hit for primary/diffuse, any hit of the diffuse rays beside our shadow "
+             "rays is not the same ray set and is not compared). Mrays/s.",
              "",
-             "| mesh | tris | rays | ours Mrays/s | Warp Mrays/s | Embree Mrays/s | ours/Warp | "
-             "ours/Embree | Warp/Embree | nodes/ray | tris/ray | cost from counts | SAH cost |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mesh | rays | API (unchecked) | kernel alone | API/kernel | Warp | OptiX | "
+             "API/OptiX | API/Warp | Embree | nodes/ray | tris/ray | SAH cost |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+
+    def fmt(x, spec=",.0f"):
+        return "-" if x is None else format(x, spec)
+
     for r in result["meshes"]:
         if "error" in r:
-            lines.append(f"| {r['mesh']} | | ERROR: {r['error']} |")
+            lines.append(f"| {r['mesh']} | ERROR: {r['error']} |")
             continue
         for rs, ours in r["ours"].items():
-            warp = r.get("peers", {}).get("warp", {}).get(rs, {})
-            embree = r.get("peers", {}).get("embree", {}).get(rs, {})
-            w, e = warp.get("mrays_per_s"), embree.get("mrays_per_s")
-            o = ours["mrays_per_s_wall"]
-
-            def fmt(x, spec=".0f"):
-                return "-" if x is None else format(x, spec)
-
+            warp = r.get("peers", {}).get("warp", {}).get(rs, {}).get("mrays_per_s")
+            embree = r.get("peers", {}).get("embree", {}).get(rs, {}).get("mrays_per_s")
+            o = optix.get(r["mesh"], {}).get(f"{rs}_mrays") if rs != "shadow" else None
+            api = ours["mrays_per_s_wall"]
             lines.append(
-                f"| {r['mesh']} | {r['triangles']:,} | {rs} ({ours['rays']:,}) | {o:,.0f} "
-                f"({ours['mrays_per_s']:,.0f}) | {fmt(w, ',.0f')} | {fmt(e, ',.0f')} | "
-                f"{fmt(o / w if w else None, '.2f')} | {fmt(o / e if e else None, '.2f')} | "
-                f"{fmt(w / e if w and e else None, '.2f')} | {ours['nodes_per_ray']:.1f} | "
-                f"{ours['tests_per_ray']:.1f} | {ours['measured_cost']:.0f} | "
+                f"| {r['mesh']} | {rs} ({ours['rays']:,}) | {api:,.0f} "
+                f"({ours['unchecked_mrays_per_s_wall']:,.0f}) | {ours['kernel_mrays_per_s']:,.0f} | "
+                f"{ours['api_over_kernel']:.2f} | {fmt(warp)} | {fmt(o)} | "
+                f"{fmt(api / o if o else None, '.2f')} | {fmt(api / warp if warp else None, '.2f')} | "
+                f"{fmt(embree)} | {ours['nodes_per_ray']:.1f} | {ours['tests_per_ray']:.1f} | "
                 f"{r['tree']['sah_cost']:.0f} |")
     return "\n".join(lines) + "\n"
 
@@ -286,7 +308,7 @@ def main(argv=None):
     sys.path.insert(0, str(Path(args.peers_dir).resolve()))
     pb = importlib.import_module("peer_bench")
     device = device_name()
-    result = {"device": device, "commit": git_commit(),
+    result = {"device": device, "commit": git_commit(), "optix": optix_table(args.peers_dir),
               "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
               "width": args.width, "height": args.height, "repeats": args.repeats,
               "warmup": args.warmup, "light_height_diagonals": LIGHT_HEIGHT,

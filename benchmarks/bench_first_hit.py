@@ -1,0 +1,236 @@
+#!/usr/bin/env python3
+"""Time to first hit: ``kd.build`` then the first ``tree.intersect`` of a new tree.
+
+What a user does (README): ``tree = kd.build(V, F)`` on CuPy arrays, then
+``t, tri, u, v = tree.intersect(origins, directions)`` with 1920 x 1080
+primary rays (``peer_bench.make_primary_rays``, the rays of every peer), and
+waits for the result. For each mesh, each repeat builds a fresh tree:
+
+* ``build``: wall clock of ``kd.build(V, F)`` (mesh already on the GPU),
+  device synchronized before and after;
+* ``first query``: wall clock of the first ``tree.intersect`` on that tree,
+  synchronized (``check=True``, the default: one small read names bad rays);
+* ``time to first hit``: both, back to back;
+* ``later query``: the same call again on the same tree (the first query
+  must cost at most 1.2x a later one: nothing is packed or uploaded then);
+* ``unchecked``: ``check=False`` time to first hit (nothing waits for the GPU
+  until the caller does);
+* ``memory``: CuPy's pool ``total_bytes()`` right after the build, in a
+  fresh process (one subprocess per mesh), per triangle.
+
+Median of ``--repeats`` after a warm-up (kernels compiled, pool warm); the
+kernel alone (the traversal launch on prepared arrays, CUDA events) beside
+it. OptiX: build (PREFER_FAST_TRACE) + compaction + the same primary rays on
+the same H200 (``peers/results/h200_optix.md``).
+
+Usage::
+
+    PYTHONPATH=. python benchmarks/bench_first_hit.py --peers-dir .peers --out benchmarks/results
+
+Writes ``first_hit_<gpu>.json`` and ``first_hit_<gpu>.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from _common import git_commit, gpu_time_ms, optix_table, utc_now  # noqa: E402
+
+DEFAULT_MESHES = ["stanford_bunny", "conference", "stanford_armadillo@sub1",
+                  "stanford_armadillo@sub2"]
+# Bars of the ray-API work, ms (time to first hit with today's builder).
+BARS_MS = {"stanford_bunny": 8.0, "conference": 16.0, "stanford_armadillo@sub1": 60.0}
+
+
+def parse_args(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR",
+                                                             str(ROOT / ".meshes")))
+    parser.add_argument("--peers-dir", default=str(ROOT / ".peers"))
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--meshes", nargs="+", default=DEFAULT_MESHES)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--width", type=int, default=1920)
+    parser.add_argument("--height", type=int, default=1080)
+    parser.add_argument("--memory-only", metavar="MESH",
+                        help="(internal) print the pool bytes after one build of MESH")
+    return parser.parse_args(argv)
+
+
+def load(pb, mesh_dir, spec):
+    name, _, sub = spec.partition("@sub")
+    path = str(Path(mesh_dir) / f"{name}.ply") + (f"@sub{sub}" if sub else "")
+    return pb.load_mesh(path)
+
+
+def wall_ms(fn, sync):
+    sync()
+    start = time.perf_counter()
+    result = fn()
+    sync()
+    return 1e3 * (time.perf_counter() - start), result
+
+
+def memory_in_fresh_process(args, spec):
+    cmd = [sys.executable, __file__, "--memory-only", spec, "--mesh-dir", args.mesh_dir,
+           "--peers-dir", args.peers_dir]
+    proc = subprocess.run(cmd, capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    if proc.returncode != 0:
+        return {"error": proc.stderr.strip().splitlines()[-1:] or ["failed"]}
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def memory_only(args):
+    import cupy
+
+    import kdtree_gpu as kd
+
+    pb = importlib.import_module("peer_bench")
+    _, V, F = load(pb, args.mesh_dir, args.memory_only)
+    Vd, Fd = cupy.asarray(V), cupy.asarray(F)
+    pool = cupy.get_default_memory_pool()
+    mesh_bytes = pool.total_bytes()
+    tree = kd.build(Vd, Fd)
+    cupy.cuda.get_current_stream().synchronize()
+    total = pool.total_bytes()
+    print(json.dumps({"pool_total_bytes": int(total), "mesh_bytes": int(mesh_bytes),
+                      "peak_device_bytes": tree.build_info.get("peak_device_bytes"),
+                      "bytes_per_triangle": total / len(F)}))
+    return 0
+
+
+def bench_mesh(spec, args, pb, optix):
+    import cupy
+
+    import kdtree_gpu as kd
+    from kdtree_gpu.trace import gpu as rg
+
+    sync = cupy.cuda.get_current_stream().synchronize
+    name, V, F = load(pb, args.mesh_dir, spec)
+    O, D = pb.make_primary_rays(V, args.width, args.height)
+    Vd, Fd, Od, Dd = (cupy.asarray(a) for a in (V, F, O, D))
+    n = len(O)
+    # warm-up: compiles, loads modules, fills the pool
+    tree = kd.build(Vd, Fd)
+    tree.intersect(Od, Dd)
+    rows = {"build": [], "first": [], "later": [], "sum": [], "unchecked_sum": []}
+    for _ in range(args.repeats):
+        tree = None
+        build_ms, tree = wall_ms(lambda: kd.build(Vd, Fd), sync)
+        first_ms, hits = wall_ms(lambda: tree.intersect(Od, Dd), sync)
+        later_ms, _ = wall_ms(lambda: tree.intersect(Od, Dd), sync)
+        rows["build"].append(build_ms)
+        rows["first"].append(first_ms)
+        rows["later"].append(later_ms)
+        rows["sum"].append(build_ms + first_ms)
+        tree = None
+        sync()
+        start = time.perf_counter()
+        tree = kd.build(Vd, Fd)
+        unchecked = tree.intersect(Od, Dd, check=False)
+        sync()
+        rows["unchecked_sum"].append(1e3 * (time.perf_counter() - start))
+    kernel_ms, _ = gpu_time_ms(lambda: rg.trace(tree, Od, Dd), 10, 2)
+    hit_fraction = float((hits[1] >= 0).mean())
+    assert bool((unchecked[1] == hits[1]).all()), "check=False changed the hits"
+    med = {k: statistics.median(v) for k, v in rows.items()}
+    record = {"mesh": name, "spec": spec, "triangles": int(len(F)), "rays": n,
+              "hit_fraction": hit_fraction, "ms": med, "ms_all": rows,
+              "kernel_ms": kernel_ms, "first_over_later": med["first"] / med["later"],
+              "nodes": tree.num_nodes, "refs": tree.num_refs}
+    key = name if name in optix else spec
+    if key in optix:
+        o = optix[key]
+        o_trace = n / (o["primary_mrays"] * 1e6) * 1e3
+        record["optix"] = {**o, "trace_ms": o_trace,
+                           "first_hit_ms": o["build_ms"] + o["compact_ms"] + o_trace}
+    if spec in BARS_MS:
+        record["bar_ms"] = BARS_MS[spec]
+    record["memory"] = memory_in_fresh_process(args, spec)
+    return record
+
+
+def gpu_slug(name):
+    words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]
+    return words[0] if words else "gpu"
+
+
+def markdown(result):
+    lines = [f"# Time to first hit, {result['device']}", "",
+             f"commit `{result['commit']}`, {result['date']}; `kd.build(V, F)` on CuPy arrays, "
+             f"then `tree.intersect(O, D)` of {result['width']}x{result['height']} primary rays "
+             "(peer_bench rays), synchronized; wall clock, median of "
+             f"{result['repeats']} fresh trees after a warm-up. Kernel alone: the traversal "
+             "launch on prepared arrays, CUDA events. Memory: CuPy pool total bytes right after "
+             "the build in a fresh process. OptiX: PREFER_FAST_TRACE build + compaction + the "
+             "same rays, same H200 (h200_optix.md).", "",
+             "| mesh | triangles | kd.build ms | first intersect ms | time to first hit ms | "
+             "bar ms | unchecked ms | later intersect ms | first/later | kernel alone ms | "
+             "OptiX ms | ours/OptiX | pool B/tri |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in result["meshes"]:
+        if "error" in r:
+            lines.append(f"| {r['spec']} | ERROR {r['error']} |")
+            continue
+        m = r["ms"]
+        optix = r.get("optix", {}).get("first_hit_ms")
+        ratio = "-" if optix is None else f"{m['sum'] / optix:.1f}x"
+        optix_ms = "-" if optix is None else f"{optix:.2f}"
+        mem = r["memory"].get("bytes_per_triangle")
+        mem = "-" if mem is None else f"{mem:,.0f}"
+        lines.append(
+            f"| {r['mesh']} | {r['triangles']:,} | {m['build']:.2f} | {m['first']:.2f} | "
+            f"{m['sum']:.2f} | {r.get('bar_ms', '-')} | {m['unchecked_sum']:.2f} | "
+            f"{m['later']:.2f} | {r['first_over_later']:.2f} | {r['kernel_ms']:.3f} | "
+            f"{optix_ms} | {ratio} | {mem} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    sys.path.insert(0, str(Path(args.peers_dir).resolve()))
+    if args.memory_only:
+        return memory_only(args)
+    from kdtree_gpu.device import device_name, require_gpu
+
+    require_gpu("bench_first_hit.py")
+    import cupy
+
+    pb = importlib.import_module("peer_bench")
+    optix = optix_table(args.peers_dir)
+    device = device_name("cuda")
+    result = {"device": device, "commit": git_commit(), "date": utc_now(),
+              "width": args.width, "height": args.height, "repeats": args.repeats, "meshes": []}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = f"first_hit_{gpu_slug(device)}"
+    for spec in args.meshes:
+        print(f"# {spec}", file=sys.stderr, flush=True)
+        try:
+            record = bench_mesh(spec, args, pb, optix)
+        except Exception as exc:
+            record = {"spec": spec, "error": f"{type(exc).__name__}: {exc}"}
+        result["meshes"].append(record)
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        cupy.get_default_memory_pool().free_all_blocks()
+    table = markdown(result)
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
