@@ -3,6 +3,13 @@
 Used for levels too large for the level-loop kernel and on devices without
 cooperative launch: every array has the level's exact size, and one
 device-to-host read of four counts per level sizes the next one.
+
+Each stage is a function of its own, named after its NumPy twin in
+:mod:`kdtree_gpu.builder.stages` (the GPU tests call both on the same level
+and compare their outputs); :func:`build_level_stages` runs them in order.
+Levels below ``GpuSettings.small_level`` run the block-wide variants
+(``kd_small_*``: one launch for the stages between two grid-wide
+dependencies).
 """
 
 from __future__ import annotations
@@ -16,40 +23,25 @@ from ...primitives import inclusive_scan, inclusive_scan_pair
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
 
 _SOURCE = "build.cu"
+i64, f64 = np.int64, np.float64
 
 
 def _kernel(name):
     return get_function(_SOURCE, name)
 
 
-def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings):
-    """Run one level from ``state`` with one launch per stage.
-
-    Parameters
-    ----------
-    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
-    state : LoopState
-    out : TreeOutput
-    max_depth : int
-    settings : GpuSettings
+def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
+    """R5-R7: the cost of every candidate plane (``inf`` elsewhere) and each
+    segment's minimum cost.
 
     Returns
     -------
-    LoopState
-        The next level, or done.
+    event_cost : (E,) float64
+    event_side : (E,) int8
+    seg_min_cost, seg_best : (3n,) uint64
+        Cost bits of each segment's minimum; ``seg_best`` reset for the arg-min.
     """
-    i64, f64 = np.int64, np.float64
-    events, refs, nodes = state.events, state.refs, state.nodes
-    n, num_refs, num_events = nodes.size, refs.size, events.size
-    level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
-    longest_only = np.int32(cfg.axes == "longest")
-    state.level_sizes.append((n, num_refs, num_events))
-    state.stage_levels.append(level)
-    level_active = np.int32(level < max_depth)
-    # Small levels run the block-wide kernels: one launch per group of
-    # stages between grid-wide dependencies (launch overhead dominates them).
-    small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
-    # -- compute_split_costs (R5-R7)
+    n, num_events = nodes.size, events.size
     open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
     seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
     seg_best = cp.empty(3 * n, dtype=np.uint64)
@@ -69,11 +61,27 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            (events.event_pos, events.event_seg, open_close_ex,
             nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-            i64(n), i64(num_events), i64(cfg.leaf_size), level_active, longest_only,
-            f64(cfg.k_traversal), f64(cfg.k_intersect), f64(cfg.empty_bonus), event_cost,
-            event_side, seg_min_cost))
-    # -- select_best_splits (R8): the cost kernel left each segment's
-    # minimum cost; this pass finds its lowest event index.
+            i64(n), i64(num_events), i64(cfg.leaf_size), np.int32(level_active),
+            np.int32(cfg.axes == "longest"), f64(cfg.k_traversal), f64(cfg.k_intersect),
+            f64(cfg.empty_bonus), event_cost, event_side, seg_min_cost))
+    return event_cost, event_side, seg_min_cost, seg_best
+
+
+def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_min_cost,
+                           seg_best, level_active, small):
+    """R8 and R4: each segment's lowest-index minimum, each node's best plane,
+    whether it splits, and the scan of the (split, leaf references) pairs.
+
+    Returns
+    -------
+    best : BestSplit
+    node_split : (n,) bool
+    split_leaf_ex : (n + 1,) int64
+        Inclusive scan of (split | leaf references << 32) after a leading 0.
+    """
+    n, num_events = nodes.size, events.size
+    # the cost kernel left each segment's minimum cost; this pass finds its
+    # lowest event index (lowest position: R8's tie-break)
     launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
            (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
@@ -83,19 +91,30 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
     select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
-                   i64(n), i64(cfg.leaf_size), level_active, f64(cfg.k_intersect),
+                   i64(n), i64(cfg.leaf_size), np.int32(level_active), f64(cfg.k_intersect),
                    best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
                    split_leaf)
-    # -- decide_leaves (R4, R8)
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
-        launch("select_best_splits", _kernel("kd_small_select_scan"),
-               enc.SCAN_BLOCK,
+        launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
                select_args + (split_leaf_ex,))
     else:
         launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
         split_leaf_ex = inclusive_scan(split_leaf, description="decide_leaves: scan")
-    # -- classify_triangles (R9) and the routing flags of the events
+    return best, node_split, split_leaf_ex
+
+
+def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi):
+    """R9: the class of every reference (0 in a leaf) and the packed (left,
+    right) routing flags of references and events, each after a leading 0.
+
+    Returns
+    -------
+    ref_class : (R,) uint8
+    ref_lr : (R + 1,) int64
+    event_lr : (E + 1,) int64
+    """
+    num_refs, num_events = refs.size, events.size
     ref_class = cp.empty(num_refs, dtype=np.uint8)
     ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
     event_lr = cp.empty(num_events + 1, dtype=np.int64)
@@ -103,7 +122,23 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
            (*refs.args(), events.event_ref, best.node_axis, best.node_pos,
             best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
             ref_class, ref_lr, event_lr))
-    # -- route_refs and route_events: where every copy goes
+    return ref_class, ref_lr, event_lr
+
+
+def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small):
+    """Where every copy goes: the flag scans, the child group sizes and their scans.
+
+    Returns
+    -------
+    ref_lr_ex : (R + 1,) int64
+    event_lr_ex : (E + 1,) int64
+    child_ref_offset : (2n + 1,) int64
+    child_event_offset : (6n + 1,) int64
+    totals : (4,) int64
+        Splitting nodes, child references, child events, leaf references.
+    """
+    n = nodes.size
+    num_refs, num_events = int(ref_lr.shape[0]) - 1, int(event_lr.shape[0]) - 1
     totals = cp.empty(4, dtype=np.int64)
     if small:
         ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
@@ -129,25 +164,92 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
             child_ref_count, child_event_count, "route: offset scans")
         launch("read_level_counts", _kernel("kd_level_totals"), 1,
                (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
-    with stage(xp=cp, description="read_level_counts"):
-        # The one deliberate device-to-host read per level: sizes of the next level.
-        num_split, num_child_refs, num_child_events, num_leaf_refs = (
-            int(c) for c in totals.get())
-    # -- emit_level (R10) and make_child_nodes
-    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+    return ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals
+
+
+def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_ref_base,
+                   num_split, out):
+    """R10 and make_child_nodes: the level's node records (into ``out``) and
+    the children's boxes.
+
+    Returns
+    -------
+    NodeSoA
+        The children, boxes only (their offsets come from the routing).
+    """
+    n = nodes.size
     child_nodes = NodeSoA.allocate(cp, 2 * num_split, node_ref_offset=0, seg_event_offset=0)
     launch("emit_level", _kernel("kd_emit_nodes"), n,
            (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
             nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.nodes.args(),
             child_nodes.node_lo, child_nodes.node_hi))
-    # -- split_refs and split_events (and the level's leaf lists)
+    return child_nodes
+
+
+def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex,
+                              split_leaf_ex, child_ref_offset, child_event_offset,
+                              num_child_refs, num_child_events, leaf_ref_base, leaf_tris):
+    """split_refs and split_events: stable compaction into the children (and
+    the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted.
+
+    Returns
+    -------
+    RefSoA, EventSoA
+        The next level's references and events.
+    """
     child_refs = RefSoA.allocate(cp, num_child_refs)
     child_events = EventSoA.allocate(cp, num_child_events)
-    launch("split_refs_and_events", _kernel("kd_scatter"), max(num_refs, num_events),
+    launch("split_refs_and_events", _kernel("kd_scatter"), max(refs.size, events.size),
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
             split_leaf_ex, child_ref_offset, *events.args(), event_lr_ex, nodes.seg_event_offset,
-            child_event_offset, i64(n), i64(num_refs), i64(num_events), i64(leaf_ref_base),
-            out.leaf, *child_refs.args(), *child_events.args()))
+            child_event_offset, i64(nodes.size), i64(refs.size), i64(events.size),
+            i64(leaf_ref_base), leaf_tris, *child_refs.args(), *child_events.args()))
+    return child_refs, child_events
+
+
+def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings):
+    """Run one level from ``state`` with one launch per stage.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    state : LoopState
+    out : TreeOutput
+    max_depth : int
+    settings : GpuSettings
+
+    Returns
+    -------
+    LoopState
+        The next level, or done.
+    """
+    events, refs, nodes = state.events, state.refs, state.nodes
+    n, num_refs, num_events = nodes.size, refs.size, events.size
+    level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
+    state.level_sizes.append((n, num_refs, num_events))
+    state.stage_levels.append(level)
+    level_active = level < max_depth
+    small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
+    event_cost, event_side, seg_min_cost, seg_best = compute_split_costs_gpu(
+        cp, cfg, events, nodes, level_active, small)
+    best, node_split, split_leaf_ex = select_best_splits_gpu(
+        cp, cfg, events, nodes, event_cost, event_side, seg_min_cost, seg_best, level_active,
+        small)
+    ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, refs, events, best, node_split,
+                                                         tri_lo, tri_hi)
+    ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
+        cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
+    with stage(xp=cp, description="read_level_counts"):
+        # The one deliberate device-to-host read per level: sizes of the next level.
+        num_split, num_child_refs, num_child_events, num_leaf_refs = (
+            int(c) for c in totals.get())
+    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+    child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
+                                 leaf_ref_base, num_split, out)
+    child_refs, child_events = split_refs_and_events_gpu(
+        cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
+        child_ref_offset, child_event_offset, num_child_refs, num_child_events, leaf_ref_base,
+        out.leaf)
     # Both levels' arrays are alive here: the build's high-water mark.
     state.peak_bytes = max(state.peak_bytes, cp.get_default_memory_pool().used_bytes())
     state.level_base = level_base + n

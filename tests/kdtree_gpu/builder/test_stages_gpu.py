@@ -1,0 +1,171 @@
+"""The CUDA stages against their NumPy twins, stage by stage, and the CUDA cost
+model against ``config.split_cost``, bit for bit (GPU tests, ``-m gpu``).
+
+For every level of a build, the NumPy pipeline's stage functions run on CuPy
+arrays (:func:`kdtree_gpu.builder.pipeline.run_level`) and each CUDA stage of
+:mod:`kdtree_gpu.builder.gpu.level_stages` runs on the same inputs, in its
+block-wide (small) and grid-wide form; their outputs must be equal, so a
+difference names the stage that made it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kdtree_gpu import SAHConfig, encoding as enc
+from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, compute_split_costs_gpu,
+                                                 emit_level_gpu, route_to_children_gpu,
+                                                 select_best_splits_gpu,
+                                                 split_refs_and_events_gpu)
+from kdtree_gpu.builder.gpu.output import TreeOutput
+from kdtree_gpu.builder.pipeline import root_level_xp, run_level
+from kdtree_gpu.config import split_cost
+from kdtree_gpu.device import gpu_available
+from kdtree_gpu.mesh import load_mesh, prepare_mesh
+
+pytestmark = [pytest.mark.gpu,
+              pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")]
+
+CONFIGS = [SAHConfig(), SAHConfig(axes="longest"), SAHConfig(leaf_size=2, empty_bonus=1.0),
+           SAHConfig(max_depth=4, k_traversal=1.0, k_intersect=1.5)]
+
+
+def scene(seed):
+    rng = np.random.default_rng(seed)
+    if seed % 2:
+        # integer coordinates: equal event positions, planar triangles
+        V = (rng.integers(0, 8, (300, 1, 3)) + rng.integers(0, 2, (300, 3, 3))).reshape(-1, 3)
+    else:
+        V = (rng.random((400, 1, 3)) + 0.1 * rng.random((400, 3, 3))).reshape(-1, 3)
+    V = V.astype(np.float32)
+    return V, np.arange(len(V), dtype=np.int32).reshape(-1, 3)
+
+
+def equal(a, b, what):
+    a, b = np.asarray(a.get() if hasattr(a, "get") else a), np.asarray(b.get() if hasattr(b, "get") else b)
+    assert a.shape == b.shape, f"{what}: shapes {a.shape} vs {b.shape}"
+    bad = np.flatnonzero(~((a == b) | (np.isnan(a) & np.isnan(b)) if a.dtype.kind == "f"
+                           else a == b).reshape(-1))
+    assert bad.size == 0, f"{what}: {bad.size} entries differ, first {bad[:5].tolist()}"
+
+
+def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small):
+    where = f"level {lvl.level} ({'block' if small else 'grid'} kernels)"
+    level_active = lvl.level < max_depth
+    cost, side, seg_min, seg_best = compute_split_costs_gpu(cp, cfg, lvl.events, lvl.nodes,
+                                                           level_active, small)
+    equal(cost, want["event_cost"], f"compute_split_costs, {where}: event_cost")
+    finite = np.isfinite(want["event_cost"].get())
+    equal(side.get()[finite], want["event_side"].get()[finite],
+          f"compute_split_costs, {where}: event_side")
+    best, node_split, split_leaf_ex = select_best_splits_gpu(
+        cp, cfg, lvl.events, lvl.nodes, cost, side, seg_min, seg_best, level_active, small)
+    equal(node_split, want["node_split"], f"decide_leaves, {where}: node_split")
+    s = want["node_split"].get()
+    for name in ("node_axis", "node_pos", "node_side", "node_cost"):
+        equal(getattr(best, name).get()[s], getattr(want["best"], name).get()[s],
+              f"select_best_splits, {where}: {name}")
+    equal(split_leaf_ex.get() & 0xFFFFFFFF, want["split_rank"], f"decide_leaves, {where}: rank")
+    ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, lvl.refs, lvl.events, best,
+                                                         node_split, tri_lo, tri_hi)
+    equal(ref_class, want["ref_class"], f"classify_triangles, {where}")
+    ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
+        cp, lvl.nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
+    counts = [want[k] for k in ("num_split", "num_child_refs", "num_child_events",
+                                "num_leaf_refs")]
+    equal(totals, counts, f"route_to_children, {where}: totals")
+    num_split = counts[0]
+    equal(child_ref_offset[:2 * num_split + 1],
+          want["ref_route"].child_offset[:2 * num_split + 1], f"route_refs, {where}")
+    equal(child_event_offset[:6 * num_split + 1],
+          want["event_route"].child_offset[:6 * num_split + 1], f"route_events, {where}")
+    n = lvl.nodes.size
+    out = TreeOutput(cp, lvl.level_base + n, lvl.leaf_ref_base + counts[3] + 1)
+    child_nodes = emit_level_gpu(cp, lvl.nodes, node_split, best, split_leaf_ex, lvl.level_base,
+                                 lvl.leaf_ref_base, num_split, out)
+    for name, got, expected in zip(("node_axis", "node_split", "node_child", "node_count"),
+                                   out.nodes.args(), want["level_arrays"][:4]):
+        equal(got[lvl.level_base:lvl.level_base + n], expected, f"emit_level, {where}: {name}")
+    child_refs, child_events = split_refs_and_events_gpu(
+        cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
+        child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf)
+    equal(out.leaf[lvl.leaf_ref_base:lvl.leaf_ref_base + counts[3]], want["level_arrays"][4],
+          f"split_refs, {where}: leaf_tris")
+    nxt = want["next"]
+    if nxt is None:
+        return
+    equal(child_nodes.node_lo, nxt.nodes.node_lo, f"make_child_nodes, {where}: node_lo")
+    equal(child_nodes.node_hi, nxt.nodes.node_hi, f"make_child_nodes, {where}: node_hi")
+    for got, expected, name in zip(child_refs.args(), nxt.refs.args(), ("ref_tri", "ref_node")):
+        equal(got, expected, f"split_refs, {where}: {name}")
+    for got, expected, name in zip(child_events.args(), nxt.events.args(),
+                                   ("event_pos", "event_kind", "event_ref", "event_seg")):
+        equal(got, expected, f"split_events, {where}: {name}")
+
+
+def run_both(V, F, cfg):
+    import cupy
+
+    _, _, tri_lo_h, tri_hi_h, valid, bounds = prepare_mesh(V, F)
+    lvl, tri_lo, tri_hi = root_level_xp(cupy, tri_lo_h, tri_hi_h, valid, bounds)
+    max_depth = cfg.resolved_max_depth(lvl.refs.size)
+    levels = 0
+    while lvl is not None:
+        want = run_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth)
+        for small in (True, False):
+            check_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth, want, small)
+        lvl = want["next"]
+        levels += 1
+    assert levels > 1
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_cuda_stages_equal_their_numpy_twins(seed):
+    V, F = scene(seed)
+    run_both(V, F, CONFIGS[seed % len(CONFIGS)])
+
+
+@pytest.mark.parametrize("name", ["suzanne", "spot"])
+def test_cuda_stages_equal_their_numpy_twins_on_real_meshes(name, mesh_dir):
+    path = mesh_dir / f"{name}.ply"
+    if not path.is_file():
+        pytest.skip(f"{name} not in the mesh folder")
+    V, F = load_mesh(path)
+    run_both(V, F, SAHConfig())
+
+
+def test_cuda_cost_model_is_config_split_cost_bit_for_bit():
+    import cupy
+
+    from kdtree_gpu import kernels
+
+    source = kernels.cuda_preamble() + r'''
+#include "sah.cuh"
+extern "C" __global__ void kd_test_split_cost(const double* k, const double* areas,
+                                              const long long* counts, long long n, double* out)
+{
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    out[i] = kd_split_cost(k[3 * i], k[3 * i + 1], k[3 * i + 2], areas[3 * i], areas[3 * i + 1],
+                           areas[3 * i + 2], counts[2 * i], counts[2 * i + 1]);
+}
+'''
+    module = cupy.RawModule(code=source, options=kernels.compile_options())
+    kernel = module.get_function("kd_test_split_cost")
+    rng = np.random.default_rng(7)
+    n = 200_000
+    k = np.stack([rng.uniform(0.1, 30, n), rng.uniform(0.1, 30, n), rng.uniform(0.05, 1, n)], 1)
+    # half areas of sub-boxes: magnitudes across many orders, near-ties included
+    areas = np.exp(rng.uniform(-40, 40, (n, 3)))
+    areas[::7, 1] = areas[::7, 0]
+    counts = rng.integers(0, 5000, (n, 2))
+    counts[::5, 0] = 0
+    counts[::11, 1] = 0
+    out = cupy.empty(n, cupy.float64)
+    kernel(((n + 255) // 256,), (256,), (cupy.asarray(k), cupy.asarray(areas),
+                                         cupy.asarray(counts), np.int64(n), out))
+    got = out.get()
+    want = np.array([split_cost(*k[i], *areas[i], int(counts[i, 0]), int(counts[i, 1]))
+                     for i in range(n)])
+    assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
