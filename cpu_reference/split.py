@@ -7,9 +7,10 @@ perfect splits (§4.3) the straddling triangles are clipped to each child's
 box and only their new events are sorted and merged in.
 
 The node's events are a segment of the event pools (see
-:mod:`cpu_reference.subtree`); :func:`split_node` writes the left child's
-events over them and the right child's right after, with room made by the
-caller.
+:mod:`cpu_reference.subtree`, whose loop calls these functions in turn):
+:func:`split_events` writes the left child's events over them and keeps the
+right child's aside, and :func:`clip_straddling` makes the new boxes of the
+straddling triangles in one child.
 """
 
 from __future__ import annotations
@@ -20,146 +21,6 @@ import numpy as np
 from kdtree_gpu import encoding as enc
 
 from .clip import POLY_BUFFER_SHAPE, clip_child_box_into
-from .events import make_events, merge_events_backward, merge_events_into, sort_events
-
-
-@numba.njit(cache=True)
-def make_split_buffers(max_events, max_tris, clip):
-    """Work buffers of :func:`split_node`, allocated once per subtree.
-
-    Parameters
-    ----------
-    max_events : int
-        Most events of one axis in any node of the subtree (its root's).
-    max_tris : int
-        Most triangles in any node of the subtree (its root's).
-    clip : bool
-        Perfect splits; without them the clipping buffers are 1 row long.
-
-    Returns
-    -------
-    tuple of arrays
-        ``(scratch_pos, scratch_kind, scratch_tri)`` : (3, max_events)
-        the right child's kept events; ``both_tris`` : (n,) int32;
-        ``new_lo, new_hi`` : (n, 3) float32 clipped boxes;
-        ``new_pos, new_kind, new_tri`` : (2 n,) new events, with
-        ``n = max_tris`` when clipping, else 1; ``kept_left, kept_right`` :
-        (3,) int64; ``child_lo, child_hi`` : (3,) float32.
-    """
-    n_clip = max(max_tris, 1) if clip else 1
-    return (np.empty((3, max_events), dtype=np.float32),
-            np.empty((3, max_events), dtype=np.int8),
-            np.empty((3, max_events), dtype=np.int32),
-            np.empty(n_clip, dtype=np.int32),
-            np.empty((n_clip, 3), dtype=np.float32),
-            np.empty((n_clip, 3), dtype=np.float32),
-            np.empty(2 * n_clip, dtype=np.float32),
-            np.empty(2 * n_clip, dtype=np.int8),
-            np.empty(2 * n_clip, dtype=np.int32),
-            np.empty(3, dtype=np.int64),
-            np.empty(3, dtype=np.int64),
-            np.empty(3, dtype=np.float32),
-            np.empty(3, dtype=np.float32))
-
-
-@numba.njit(cache=True)
-def split_node(vertices, faces, pool_pos, pool_kind, pool_tri, seg_start, seg_count, node_lo,
-               node_hi, axis, split_pos, side, clip, tri_class, tri_box_lo, tri_box_hi, buffers,
-               left_count, right_count):
-    """Split a node's events into its two children (rule R9).
-
-    Parameters
-    ----------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
-    pool_pos, pool_kind, pool_tri : (3, capacity) float32, int8, int32
-        Event pools; the node's events on axis k are
-        ``[seg_start[k], seg_start[k] + seg_count[k])``, with room for twice
-        as many from ``seg_start[k]`` on.
-    seg_start, seg_count : (3,) int64
-    node_lo, node_hi : (3,) float32
-        The node's box.
-    axis : int
-    split_pos : float32
-    side : int
-        ``SIDE_LEFT`` or ``SIDE_RIGHT``: where triangles on the plane go.
-    clip : bool
-        Perfect splits: clip the straddling triangles to each child.
-    tri_class : (num_triangles,) int8
-    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
-        Work arrays indexed by triangle (only the node's rows are touched);
-        the boxes are used only when clipping.
-    buffers : tuple
-        From :func:`make_split_buffers`.
-    left_count, right_count : (3,) int64
-        Output: the children's events per axis. The left child's start at
-        ``seg_start``, the right child's at ``seg_start + left_count``.
-
-    Returns
-    -------
-    num_left, num_right : int
-        Triangles in each child.
-    """
-    (scratch_pos, scratch_kind, scratch_tri, both_tris, new_lo, new_hi, new_pos, new_kind,
-     new_tri, kept_left, kept_right, child_lo, child_hi) = buffers
-
-    # --- classify triangles (§4.4)
-    num_left, num_right = classify_triangles(
-        pool_pos, pool_kind, pool_tri, seg_start, seg_count, axis, split_pos, side, tri_class)
-    num_both = 0
-    if clip:
-        # the straddling triangles, listed before the events are overwritten
-        for i in range(seg_start[axis], seg_start[axis] + seg_count[axis]):
-            if pool_kind[axis, i] != enc.EVENT_END:
-                t = pool_tri[axis, i]
-                if tri_class[t] == enc.CLASS_BOTH:
-                    both_tris[num_both] = t
-                    num_both += 1
-
-    # --- splice events into the children, in order
-    split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, clip,
-                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
-                 kept_right)
-    if not clip:
-        for k in range(3):
-            left_count[k] = kept_left[k]
-            right_count[k] = kept_right[k]
-            dst = seg_start[k] + kept_left[k]
-            pool_pos[k, dst:dst + kept_right[k]] = scratch_pos[k, :kept_right[k]]
-            pool_kind[k, dst:dst + kept_right[k]] = scratch_kind[k, :kept_right[k]]
-            pool_tri[k, dst:dst + kept_right[k]] = scratch_tri[k, :kept_right[k]]
-        return num_left, num_right
-
-    # --- perfect splits (§4.3): clip straddling triangles, merge their new events
-    both = both_tris[:num_both]
-    # left child first: its events stay where the node's were
-    for k in range(3):
-        child_lo[k] = node_lo[k]
-        child_hi[k] = node_hi[k]
-    child_hi[axis] = split_pos
-    clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
-                    new_lo, new_hi)
-    for k in range(3):
-        m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
-        sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
-        merge_events_backward(pool_pos[k], pool_kind[k], pool_tri[k], seg_start[k],
-                              kept_left[k], new_pos, new_kind, new_tri, m)
-        left_count[k] = kept_left[k] + m
-    # right child: kept events in scratch, merged in after the left child
-    for k in range(3):
-        child_lo[k] = node_lo[k]
-        child_hi[k] = node_hi[k]
-    child_lo[axis] = split_pos
-    clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
-                    new_lo, new_hi)
-    for k in range(3):
-        m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
-        sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
-        merge_events_into(pool_pos[k], pool_kind[k], pool_tri[k], seg_start[k] + left_count[k],
-                          scratch_pos[k], scratch_kind[k], scratch_tri[k], kept_right[k],
-                          new_pos, new_kind, new_tri, m)
-        right_count[k] = kept_right[k] + m
-    return num_left, num_right
 
 
 @numba.njit(cache=True)

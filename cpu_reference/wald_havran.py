@@ -200,6 +200,8 @@ def _build_arrays(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k
     num_valid = int(np.count_nonzero(valid))
     if split_above is None:
         split_above = default_split_above(num_valid)
+    if num_valid <= split_above:
+        threads = 1  # one task: starting threads would cost more than the whole build
     event_pos, event_kind, event_tri, event_count = sorted_root_events(
         tri_lo, tri_hi, valid, threads)
     bounds = np.ascontiguousarray(bounds, dtype=np.float32)

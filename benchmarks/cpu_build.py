@@ -1,0 +1,333 @@
+"""Build times of the CPU reference builder (Wald & Havran) by thread count, beside Embree.
+
+For each mesh and ``clip`` setting, ``cpu_reference.build`` runs with
+``threads=1``, ``threads=2`` and the default (every core), warm: after
+``cpu_reference.warm_up()`` and one untimed build per setting. The timed
+builds go round-robin (1, 2, default, Embree, 1, 2, ...) so that a
+background load hits every column alike; each column is the median of
+``--repeats`` wall-clock times of the whole call (mesh checks included,
+compilation not). The three trees are checked to be equal array for array.
+
+When ``embreex`` is importable, its BVH build is timed in the same run:
+scene construction plus one single-ray query, which commits the scene (the
+build happens there), with Embree's own threads (all cores).
+
+The CPU times that the GAPT part 11 post reports for its Wald-style builder
+on an i7-4770 (single-threaded, no clipping) are listed beside the nearest
+mesh, for scale only.
+
+Writes ``benchmarks/results/cpu_build.json`` (one JSON object per line: one
+per mesh, clip and thread setting, one per mesh for Embree) and
+``benchmarks/results/cpu_build.md``.
+
+Usage::
+
+    python benchmarks/cpu_build.py [--meshes suzanne stanford_bunny conference stanford_armadillo]
+        [--clip off on] [--repeats 5] [--subdivided] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+import numba  # noqa: E402
+
+import cpu_reference  # noqa: E402
+from cpu_reference.wald_havran import resolve_threads  # noqa: E402
+from kdtree_gpu import SAHConfig  # noqa: E402
+
+DEFAULT_MESHES = ["suzanne", "stanford_bunny", "conference", "stanford_armadillo"]
+SUBDIVIDED = "stanford_armadillo_subdiv4x"
+THREAD_SETTINGS = [1, 2, None]  # None: the default, every core
+ARRAYS = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris")
+
+# GAPT part 11, CPU Wald-style builder on an i7-4770: (model, triangles, seconds)
+GAPT_CPU = {
+    "suzanne": ("Suzanne", 968, 0.016),
+    "stanford_bunny": ("Bunny", 69_451, 1.442),
+    "stanford_dragon_res2": ("Dragon", 201_031, 3.705),
+    "happy_buddha_100k": ("Buddha", 1_087_716, 13.903),
+    SUBDIVIDED: ("Buddha", 1_087_716, 13.903),
+}
+
+
+def mesh_dir() -> Path:
+    value = os.environ.get("KDTREE_GPU_MESH_DIR", str(REPO.parent / "shared" / "meshes"))
+    path = Path(value)
+    if not path.is_dir():
+        raise SystemExit(f"mesh folder {path} not found (set KDTREE_GPU_MESH_DIR)")
+    return path
+
+
+def read_mesh(folder: Path, name: str):
+    """Vertices and faces of a mesh of the mesh folder (or the subdivided armadillo)."""
+    from kdtree_gpu.mesh import load_mesh
+
+    if name != SUBDIVIDED:
+        return load_mesh(folder / f"{name}.ply")
+    import trimesh.remesh
+
+    V, F = load_mesh(folder / "stanford_armadillo.ply")
+    V, F = trimesh.remesh.subdivide(V.astype(np.float64), F)
+    return V.astype(np.float32), F.astype(np.int32)
+
+
+def git_commit() -> str:
+    value = os.environ.get("KDTREE_GPU_COMMIT", "").strip()
+    if value:
+        return value
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
+                             capture_output=True, text=True, check=True)
+        return out.stdout.strip() or "unknown"
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def machine_info() -> dict:
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cpu_count": os.cpu_count(),
+        "default_threads": resolve_threads(None),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": numba.__version__,
+        "embreex": embree_version(),
+        "commit": git_commit(),
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+def embree_version():
+    try:
+        from importlib.metadata import version
+
+        import embreex  # noqa: F401
+
+        return version("embreex")
+    except Exception:
+        return None
+
+
+def embree_build(vertices, faces):
+    """Build Embree's BVH: scene, mesh, and one ray query that commits the scene."""
+    from embreex import rtcore_scene as rtcs
+    from embreex.mesh_construction import TriangleMesh
+
+    scene = rtcs.EmbreeScene()
+    TriangleMesh(scene, vertices[faces])
+    origin = vertices[faces[:1, 0]].astype(np.float32) - np.float32(1.0)
+    scene.run(origin, np.ones((1, 3), dtype=np.float32))
+    return scene
+
+
+def idle_fraction(seconds=0.5):
+    """Share of CPU time idle over ``seconds`` (from /proc/stat; None elsewhere)."""
+    def read():
+        values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+        return values[3] + values[4], sum(values)  # idle + iowait, total
+
+    try:
+        idle0, total0 = read()
+        time.sleep(seconds)
+        idle1, total1 = read()
+    except (OSError, ValueError, IndexError):
+        return None
+    return (idle1 - idle0) / max(1, total1 - total0)
+
+
+def wait_until_idle(max_wait, threshold=0.9):
+    """Wait (at most ``max_wait`` s) for the CPUs to be idle; return the last idle share.
+
+    The machine may be shared: a round timed while another process computes
+    says little about the builder.
+    """
+    deadline = time.monotonic() + max_wait
+    idle = idle_fraction()
+    while idle is not None and idle < threshold and time.monotonic() < deadline:
+        idle = idle_fraction()
+    return idle
+
+
+def timed(fn):
+    start = time.perf_counter()
+    out = fn()
+    return time.perf_counter() - start, out
+
+
+def run_mesh(name, V, F, clips, repeats, info, with_embree, max_wait):
+    """Rows for one mesh: every clip and thread setting, then Embree."""
+    configs = {clip: SAHConfig(clip=clip) for clip in clips}
+    jobs = {(clip, threads): (lambda c=configs[clip], t=threads: cpu_reference.build(V, F, c, threads=t))
+            for clip in clips for threads in THREAD_SETTINGS}
+    if with_embree:
+        jobs["embree"] = lambda: embree_build(V, F)
+    results = {key: fn() for key, fn in jobs.items()}  # one untimed run each
+    times = {key: [] for key in jobs}
+    load = []
+    idle = []
+    for _ in range(repeats):
+        idle.append(wait_until_idle(max_wait) if max_wait > 0 else idle_fraction(0.1))
+        load.append(os.getloadavg()[0])
+        for key, fn in jobs.items():
+            seconds, out = timed(fn)
+            times[key].append(seconds)
+            if key != "embree":
+                results[key] = out
+    rows = []
+    for clip in clips:
+        one = results[(clip, 1)]
+        stats = one.stats()
+        for threads in THREAD_SETTINGS:
+            tree = results[(clip, threads)]
+            same = all(np.array_equal(getattr(tree, a), getattr(one, a)) for a in ARRAYS)
+            med = statistics.median(times[(clip, threads)])
+            gapt = GAPT_CPU.get(name)
+            rows.append({
+                "builder": "cpu_reference", "mesh": name, "triangles": int(F.shape[0]),
+                "clip": clip, "threads_arg": threads, "threads": tree.build_info["threads"],
+                "seconds_median": med, "seconds_all": times[(clip, threads)],
+                "repeats": repeats,
+                "speedup_vs_threads_1": statistics.median(times[(clip, 1)]) / med,
+                "build_info_seconds": tree.build_info["seconds"],
+                "subtrees": tree.build_info["subtrees"], "same_tree_as_threads_1": same,
+                "nodes": stats["nodes"], "leaves": stats["leaves"],
+                "refs_per_tri": stats["refs_per_tri"], "max_depth": stats["max_depth"],
+                "sah_cost": stats["sah_cost"],
+                "gapt_cpu_i7_4770": ({"model": gapt[0], "triangles": gapt[1], "seconds": gapt[2]}
+                                     if gapt else None),
+                "load_avg_1min": load, "idle_before_round": idle, "machine": info,
+            })
+            print(f"{name:28s} clip={str(clip):5s} threads={str(threads):4s} "
+                  f"median={med:7.3f}s  x{rows[-1]['speedup_vs_threads_1']:.2f}  "
+                  f"subtrees={rows[-1]['subtrees']}  same={same}", flush=True)
+    if with_embree:
+        med = statistics.median(times["embree"])
+        rows.append({"builder": "embreex", "mesh": name, "triangles": int(F.shape[0]),
+                     "seconds_median": med, "seconds_all": times["embree"], "repeats": repeats,
+                     "load_avg_1min": load, "idle_before_round": idle, "machine": info})
+        print(f"{name:28s} embree median={med:7.3f}s", flush=True)
+    return rows
+
+
+def fmt(seconds):
+    return f"{seconds:.3f}" if seconds is not None else ""
+
+
+def write_markdown(rows, info, warm, path: Path):
+    cpu = [r for r in rows if r["builder"] == "cpu_reference"]
+    embree = {r["mesh"]: r["seconds_median"] for r in rows if r["builder"] == "embreex"}
+    default = info["default_threads"]
+    repeats = cpu[0]["repeats"] if cpu else 0
+    lines = [
+        "# CPU reference builder by thread count (Wald & Havran 2006, numba)",
+        "",
+        f"Machine: {info['cpu']} ({info['cpu_count']} logical CPUs, {default} usable; "
+        "shared with other work), "
+        f"Python {info['python']}, NumPy {info['numpy']}, numba {info['numba']}, "
+        f"embreex {info['embreex'] or 'not installed'}. "
+        f"Commit `{info['commit']}`, {info['date']}.",
+        "",
+        f"`cpu_reference.build(V, F, SAHConfig(clip=...), threads=...)`, default settings "
+        "otherwise. Seconds: median of "
+        f"{repeats} wall-clock times of the whole call (mesh checks included), warm: after "
+        f"`cpu_reference.warm_up()` ({warm.seconds:.1f} s here, "
+        f"{'compiled' if warm.compiled else 'loaded from the numba cache'}) and one untimed "
+        "build per setting; the settings run round-robin. 'Default' is `threads=None` "
+        f"({default} threads here). Every thread count gives the same arrays "
+        "(checked). Embree: `embreex` scene construction plus one ray query (which "
+        "commits the scene and builds its BVH), all cores, no clipping; the same for both "
+        "clip rows.",
+        "",
+        "| Mesh | Triangles | Clip | threads=1 (s) | threads=2 (s) | default (s) "
+        "| 1 -> 2 speedup | Subtrees | Nodes | Refs/tri | Embree (s) | GAPT CPU, i7-4770 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    by_case = {}
+    for r in cpu:
+        by_case.setdefault((r["mesh"], r["clip"]), {})[r["threads_arg"]] = r
+    for (mesh, clip), case in by_case.items():
+        one, two, dflt = case[1], case[2], case[None]
+        g = one["gapt_cpu_i7_4770"]
+        gapt = f"{g['model']} {g['triangles']:,} tris: {g['seconds']} s" if g and not clip else ""
+        lines.append(
+            f"| {mesh} | {one['triangles']:,} | {'on' if clip else 'off'} "
+            f"| {fmt(one['seconds_median'])} | {fmt(two['seconds_median'])} "
+            f"| {fmt(dflt['seconds_median'])} | {two['speedup_vs_threads_1']:.2f}x "
+            f"| {one['subtrees']} | {one['nodes']:,} | {one['refs_per_tri']:.3f} "
+            f"| {fmt(embree.get(mesh))} | {gapt} |")
+    loads = [x for r in cpu for x in r["load_avg_1min"]]
+    idle = [x for r in cpu for x in r["idle_before_round"] if x is not None]
+    lines += [
+        "",
+        "Before each round the script waits (up to `--wait-idle` s) for the CPUs to be "
+        f"idle: the idle share measured then was {min(idle, default=0):.0%} to "
+        f"{max(idle, default=0):.0%}; the 1-minute load average {min(loads):.2f} to "
+        f"{max(loads):.2f}. Another process may still start during a round.",
+        "",
+        "Command: `python benchmarks/cpu_build.py "
+        + " ".join(sys.argv[1:]) + "`" if len(sys.argv) > 1
+        else "Command: `python benchmarks/cpu_build.py`",
+        "",
+    ]
+    path.write_text("\n".join(lines))
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--meshes", nargs="*", default=DEFAULT_MESHES)
+    parser.add_argument("--clip", nargs="*", choices=["off", "on"], default=["off", "on"])
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--subdivided", action="store_true",
+                        help=f"add {SUBDIVIDED} (1.38M triangles)")
+    parser.add_argument("--no-embree", action="store_true", help="leave Embree out")
+    parser.add_argument("--wait-idle", type=float, default=60.0,
+                        help="before each round, wait up to this many seconds for idle CPUs "
+                             "(0: do not wait)")
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks" / "results")
+    args = parser.parse_args(argv)
+
+    warm = cpu_reference.warm_up()
+    info = machine_info()
+    info["warm_up"] = {"seconds": warm.seconds, "compiled": warm.compiled}
+    with_embree = info["embreex"] is not None and not args.no_embree
+    folder = mesh_dir()
+    clips = [c == "on" for c in args.clip]
+    names = list(args.meshes) + ([SUBDIVIDED] if args.subdivided else [])
+    rows = []
+    for name in names:
+        V, F = read_mesh(folder, name)
+        rows += run_mesh(name, V, F, clips, args.repeats, info, with_embree, args.wait_idle)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    with open(args.out / "cpu_build.json", "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    write_markdown(rows, info, warm, args.out / "cpu_build.md")
+    print(f"wrote {args.out / 'cpu_build.json'} and .md")
+
+
+if __name__ == "__main__":
+    main()
