@@ -1,4 +1,4 @@
-"""The Wald & Havran builder on hand-made cases: event order, ties, input, output."""
+"""The Wald & Havran builder on hand-made cases: ties, planar triangles, leaves, input, output."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import pytest
 
 import cpu_reference
 from cpu_reference import naive, wald_havran
-from cpu_reference.events import decode_event_keys, encode_event_keys, sort_events
 from kdtree_gpu import KdTree, MeshError, SAHConfig
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import split_cost
@@ -38,61 +37,6 @@ def subtree_tris(tree, node):
         return set(tree.leaf_tris[start:start + tree.node_count[node]].tolist())
     child = tree.node_child[node]
     return subtree_tris(tree, child) | subtree_tris(tree, child + 1)
-
-
-def root_events(V, F, axis):
-    _, _, tri_lo, tri_hi, valid, _ = prepare_mesh(V, F)
-    return wald_havran.build_root_events(tri_lo, tri_hi, valid, axis)
-
-
-# --- events ----------------------------------------------------------------
-def test_event_keys_order_like_position_kind_triangle():
-    rng = np.random.default_rng(7)
-    n = 3000
-    pos = rng.choice(np.array([-2.5, -1e-30, 0.0, 1e-30, 0.75, 3.0, -np.inf, np.inf],
-                              np.float32), size=n)
-    pos[:1000] = rng.normal(size=1000).astype(np.float32)
-    kind = rng.integers(0, 3, size=n).astype(np.int8)
-    tri = rng.integers(0, (1 << 28) - 1, size=n).astype(np.int32)
-    keys = encode_event_keys(pos, kind, tri)
-    order = np.argsort(keys, kind="stable")
-    expected = np.lexsort((tri, kind, pos))
-    np.testing.assert_array_equal(pos[order], pos[expected])
-    np.testing.assert_array_equal(kind[order], kind[expected])
-    np.testing.assert_array_equal(tri[order], tri[expected])
-    out_pos = np.empty(n, np.float32)
-    out_kind = np.empty(n, np.int8)
-    out_tri = np.empty(n, np.int32)
-    decode_event_keys(keys, out_pos, out_kind, out_tri)
-    np.testing.assert_array_equal(out_pos, pos)
-    np.testing.assert_array_equal(out_kind, kind)
-    np.testing.assert_array_equal(out_tri, tri)
-    sort_events(pos, kind, tri)
-    np.testing.assert_array_equal(tri, out_tri[expected])
-
-
-def test_root_events_of_coincident_triangles_follow_triangle_index():
-    V, F = triangles(wedge(0, 1), wedge(0, 1))
-    pos, kind, tri = root_events(V, F, 0)
-    np.testing.assert_array_equal(pos, [0, 0, 1, 1])
-    np.testing.assert_array_equal(kind, [START, START, END, END])
-    np.testing.assert_array_equal(tri, [0, 1, 0, 1])
-
-
-def test_root_events_end_before_planar_before_start():
-    # triangle 0 ends at x=1, triangle 1 lies in x=1, triangle 2 starts at x=1
-    V, F = triangles(wedge(0, 1), quad_x(1.0)[0], wedge(1, 2))
-    pos, kind, tri = root_events(V, F, 0)
-    np.testing.assert_array_equal(pos, [0, 1, 1, 1, 2])
-    np.testing.assert_array_equal(kind, [START, END, PLANAR, START, END])
-    np.testing.assert_array_equal(tri, [0, 0, 1, 2, 2])
-
-
-def test_degenerate_triangles_make_no_events():
-    V, F = triangles(wedge(0, 1), [[0, 0, 0], [1, 1, 1], [2, 2, 2]], wedge(2, 3))
-    for axis in range(3):
-        _, _, tri = root_events(V, F, axis)
-        assert 1 not in tri.tolist()
 
 
 # --- planar triangles on a candidate plane (R7 p_side, R9) -------------------
