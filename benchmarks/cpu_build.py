@@ -177,11 +177,35 @@ def timed(fn):
     return time.perf_counter() - start, out
 
 
-def run_mesh(name, V, F, clips, repeats, info, with_embree, max_wait):
+def kd_build_cpu(vertices, faces, config):
+    """The package's front door on the CPU, ``kd.build(..., device="cpu")``."""
+    import kdtree_gpu
+
+    return kdtree_gpu.build(vertices, faces, config, device="cpu")
+
+
+def kd_build_available() -> bool:
+    """Whether ``kd.build(device="cpu")`` runs here (and uses this builder)."""
+    try:
+        rng = np.random.default_rng(0)
+        V = rng.random((30, 3)).astype(np.float32)
+        tree = kd_build_cpu(V, np.arange(30).reshape(10, 3), SAHConfig())
+        return "subtrees" in tree.build_info
+    except Exception as exc:  # the front door is being reworked elsewhere: leave it out
+        print(f"kd.build(device='cpu') left out: {exc!r}", flush=True)
+        return False
+
+
+def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
     """Rows for one mesh: every clip and thread setting, then Embree."""
     configs = {clip: SAHConfig(clip=clip) for clip in clips}
-    jobs = {(clip, threads): (lambda c=configs[clip], t=threads: cpu_reference.build(V, F, c, threads=t))
-            for clip in clips for threads in THREAD_SETTINGS}
+    jobs = {}
+    for clip in clips:
+        for threads in THREAD_SETTINGS:
+            jobs[(clip, threads)] = (lambda c=configs[clip], t=threads:
+                                     cpu_reference.build(V, F, c, threads=t))
+        if with_kd:
+            jobs[(clip, "kd")] = lambda c=configs[clip]: kd_build_cpu(V, F, c)
     if with_embree:
         jobs["embree"] = lambda: embree_build(V, F)
     results = {key: fn() for key, fn in jobs.items()}  # one untimed run each
@@ -223,6 +247,18 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, max_wait):
             print(f"{name:28s} clip={str(clip):5s} threads={str(threads):4s} "
                   f"median={med:7.3f}s  x{rows[-1]['speedup_vs_threads_1']:.2f}  "
                   f"subtrees={rows[-1]['subtrees']}  same={same}", flush=True)
+    if with_kd:
+        for clip in clips:
+            med = statistics.median(times[(clip, "kd")])
+            rows.append({"builder": "kd.build(device='cpu')", "mesh": name,
+                         "triangles": int(F.shape[0]), "clip": clip, "seconds_median": med,
+                         "seconds_all": times[(clip, "kd")], "repeats": repeats,
+                         "ratio_to_threads_1": med / statistics.median(times[(clip, 1)]),
+                         "same_tree_as_threads_1": results[(clip, "kd")].compare(
+                             results[(clip, 1)]) is None,
+                         "load_avg_1min": load, "idle_before_round": idle, "machine": info})
+            print(f"{name:28s} clip={str(clip):5s} kd.build(device='cpu') median={med:7.3f}s "
+                  f"ratio to threads=1: {rows[-1]['ratio_to_threads_1']:.2f}", flush=True)
     if with_embree:
         med = statistics.median(times["embree"])
         rows.append({"builder": "embreex", "mesh": name, "triangles": int(F.shape[0]),
@@ -239,6 +275,7 @@ def fmt(seconds):
 def write_markdown(rows, info, warm, path: Path):
     cpu = [r for r in rows if r["builder"] == "cpu_reference"]
     embree = {r["mesh"]: r["seconds_median"] for r in rows if r["builder"] == "embreex"}
+    kd = {(r["mesh"], r["clip"]): r for r in rows if r["builder"].startswith("kd.build")}
     default = info["default_threads"]
     repeats = cpu[0]["repeats"] if cpu else 0
     lines = [
@@ -259,11 +296,14 @@ def write_markdown(rows, info, warm, path: Path):
         f"({default} threads here). Every thread count gives the same arrays "
         "(checked). Embree: `embreex` scene construction plus one ray query (which "
         "commits the scene and builds its BVH), all cores, no clipping; the same for both "
-        "clip rows.",
+        "clip rows. 'kd.build cpu': `kdtree_gpu.build(V, F, config, device=\"cpu\")`, the "
+        "package's front door (which calls this builder with its default threads), and its "
+        "time over the `threads=1` time.",
         "",
         "| Mesh | Triangles | Clip | threads=1 (s) | threads=2 (s) | default (s) "
-        "| 1 -> 2 speedup | Subtrees | Nodes | Refs/tri | Embree (s) | GAPT CPU, i7-4770 |",
-        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| 1 -> 2 speedup | kd.build cpu (s) | kd / threads=1 | Subtrees | Nodes | Refs/tri "
+        "| Embree (s) | GAPT CPU, i7-4770 |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     by_case = {}
     for r in cpu:
@@ -272,10 +312,14 @@ def write_markdown(rows, info, warm, path: Path):
         one, two, dflt = case[1], case[2], case[None]
         g = one["gapt_cpu_i7_4770"]
         gapt = f"{g['model']} {g['triangles']:,} tris: {g['seconds']} s" if g and not clip else ""
+        k = kd.get((mesh, clip))
+        kd_seconds = fmt(k["seconds_median"]) if k else ""
+        kd_ratio = f"{k['ratio_to_threads_1']:.2f}" if k else ""
         lines.append(
             f"| {mesh} | {one['triangles']:,} | {'on' if clip else 'off'} "
             f"| {fmt(one['seconds_median'])} | {fmt(two['seconds_median'])} "
             f"| {fmt(dflt['seconds_median'])} | {two['speedup_vs_threads_1']:.2f}x "
+            f"| {kd_seconds} | {kd_ratio} "
             f"| {one['subtrees']} | {one['nodes']:,} | {one['refs_per_tri']:.3f} "
             f"| {fmt(embree.get(mesh))} | {gapt} |")
     loads = [x for r in cpu for x in r["load_avg_1min"]]
@@ -303,6 +347,7 @@ def main(argv=None):
     parser.add_argument("--subdivided", action="store_true",
                         help=f"add {SUBDIVIDED} (1.38M triangles)")
     parser.add_argument("--no-embree", action="store_true", help="leave Embree out")
+    parser.add_argument("--no-kd", action="store_true", help="leave kd.build(device='cpu') out")
     parser.add_argument("--wait-idle", type=float, default=60.0,
                         help="before each round, wait up to this many seconds for idle CPUs "
                              "(0: do not wait)")
@@ -313,13 +358,15 @@ def main(argv=None):
     info = machine_info()
     info["warm_up"] = {"seconds": warm.seconds, "compiled": warm.compiled}
     with_embree = info["embreex"] is not None and not args.no_embree
+    with_kd = not args.no_kd and kd_build_available()
     folder = mesh_dir()
     clips = [c == "on" for c in args.clip]
     names = list(args.meshes) + ([SUBDIVIDED] if args.subdivided else [])
     rows = []
     for name in names:
         V, F = read_mesh(folder, name)
-        rows += run_mesh(name, V, F, clips, args.repeats, info, with_embree, args.wait_idle)
+        rows += run_mesh(name, V, F, clips, args.repeats, info, with_embree, with_kd,
+                         args.wait_idle)
 
     args.out.mkdir(parents=True, exist_ok=True)
     with open(args.out / "cpu_build.json", "w") as f:
