@@ -3,6 +3,22 @@
 This package is the oracle for the GPU builder and the CPU baseline in the
 benchmarks. It never imports CuPy.
 
+Use
+===
+``build(vertices, faces, config=None, *, threads=None, progress=None)``
+returns a :class:`kdtree_gpu.KdTree`. Subtrees are built on ``threads``
+threads (default: every core this process may use); the arrays are the same
+for every thread count. ``progress(fraction)`` is called with 0.0, then at
+most every 0.2 s with the share finished, then 1.0. ``warm_up()`` compiles
+the numba code, or loads it from numba's cache, and returns ``(seconds,
+compiled)``; ``build`` calls it, and the first compilation on a machine
+prints one line on stderr.
+
+Modules: :mod:`.wald_havran` (``build``), :mod:`.tasks` (threads, stitching),
+:mod:`.subtree` (the compiled depth-first kernel), :mod:`.sweep` (best plane),
+:mod:`.split` (classification, event splicing), :mod:`.events`, :mod:`.clip`,
+:mod:`.warmup`, and :mod:`.naive`, the slow second oracle.
+
 The build rules
 ===============
 Every builder in the project (this one, the naive one in

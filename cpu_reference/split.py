@@ -83,7 +83,7 @@ def classify_triangles(pool_pos, pool_kind, pool_tri, seg_start, seg_count, axis
 
 @numba.njit(cache=True)
 def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, skip_both,
-                 scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                 scratch_pos, scratch_kind, scratch_tri, tri_slot, both_lo, both_hi, kept_left,
                  kept_right):
     """Splice each axis's events into the two children, keeping their order.
 
@@ -98,10 +98,14 @@ def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class,
     tri_class : (num_triangles,) int8
     skip_both : bool
         Leave out the events of straddling triangles (perfect splits make new
-        ones) and record their current boxes in ``tri_box_lo``/``tri_box_hi``.
+        ones) and record their current boxes in ``both_lo``/``both_hi``.
     scratch_pos, scratch_kind, scratch_tri : (3, max_events)
         Receive the right child's kept events.
-    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
+    tri_slot : (num_triangles,) int32
+        With ``skip_both``: the row of each straddling triangle in ``both_lo``
+        and ``both_hi`` (its place in the list of straddling triangles).
+    both_lo, both_hi : (>= num_both, 3) float32
+        Output with ``skip_both``: the straddling triangles' boxes.
     kept_left, kept_right : (3,) int64
         Output: events kept per axis for each child.
     """
@@ -121,9 +125,9 @@ def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class,
             c = tri_class[t]
             if skip_both and c == enc.CLASS_BOTH:
                 if e != enc.EVENT_END:
-                    tri_box_lo[t, k] = p
+                    both_lo[tri_slot[t], k] = p
                 if e != enc.EVENT_START:
-                    tri_box_hi[t, k] = p
+                    both_hi[tri_slot[t], k] = p
                 continue
             if c & enc.CLASS_RIGHT:
                 s_pos[w_right] = p
@@ -140,8 +144,8 @@ def split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class,
 
 
 @numba.njit(cache=True)
-def clip_straddling(vertices, faces, both_tris, tri_box_lo, tri_box_hi, child_lo, child_hi,
-                    new_lo, new_hi):
+def clip_straddling(vertices, faces, both_tris, both_lo, both_hi, child_lo, child_hi, new_lo,
+                    new_hi):
     """New boxes of the straddling triangles in one child (rule R9).
 
     Parameters
@@ -149,8 +153,8 @@ def clip_straddling(vertices, faces, both_tris, tri_box_lo, tri_box_hi, child_lo
     vertices : (num_vertices, 3) float32
     faces : (num_triangles, 3) int32
     both_tris : (num_both,) int32
-    tri_box_lo, tri_box_hi : (num_triangles, 3) float32
-        Boxes in the parent node.
+    both_lo, both_hi : (>= num_both, 3) float32
+        Their boxes in the parent node, row ``i`` for ``both_tris[i]``.
     child_lo, child_hi : (3,) float32
     new_lo, new_hi : (>= num_both, 3) float32
         Output, row ``i`` for ``both_tris[i]``.
@@ -162,5 +166,5 @@ def clip_straddling(vertices, faces, both_tris, tri_box_lo, tri_box_hi, child_lo
     for i in range(both_tris.shape[0]):
         t = both_tris[i]
         clip_child_box_into(vertices[faces[t, 0]], vertices[faces[t, 1]], vertices[faces[t, 2]],
-                            tri_box_lo[t], tri_box_hi[t], child_lo, child_hi, new_lo[i],
+                            both_lo[i], both_hi[i], child_lo, child_hi, new_lo[i],
                             new_hi[i], poly, work, clip_lo, clip_hi)

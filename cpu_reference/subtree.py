@@ -13,8 +13,8 @@ and a split writes the left child's events in place and the right child's
 right after them (:mod:`cpu_reference.split` classifies and splices).
 
 The split is written out in the loop rather than called as one function:
-passing the loop's two dozen arrays to a helper once per node cost about
-10 % of the build in numba 0.68, even with ``inline="always"``.
+passing the loop's two dozen arrays to a helper once per node made the build
+10 to 20 % slower in numba 0.68, even with ``inline="always"``.
 
 With ``split_once`` the kernel splits its root only and hands back both
 children, with their events, as *exports* instead of building them: the
@@ -39,8 +39,7 @@ _STACK_SIZE = 2 * (cfg.MAX_DEPTH_CAP + 4)
 @numba.njit(cache=True, nogil=True)
 def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, num_tris, depth,
                   box_lo, box_hi, k_traversal, k_intersect, empty_bonus, leaf_size, max_depth,
-                  longest_only, clip, split_once, pool_capacity, tri_class, tri_box_lo,
-                  tri_box_hi):
+                  longest_only, clip, split_once, pool_capacity, tri_class, tri_slot):
     """Build the subtree below one node (rules R4-R10).
 
     Parameters
@@ -68,8 +67,10 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
         Initial events per axis in the event pools (they grow as needed);
         0 chooses three times the root's events (twice with ``split_once``).
     tri_class : (num_triangles,) int8
-    tri_box_lo, tri_box_hi : (num_triangles, 3) float32, or (1, 3) without clipping
-        Work arrays indexed by triangle, not initialised; one set per thread.
+    tri_slot : (num_triangles,) int32, or (1,) without clipping
+        Work arrays indexed by triangle, not initialised; one set per thread
+        (a set indexed by triangle, so that the few triangles of a node need
+        no lookup, and per thread, because subtrees share triangles).
 
     Returns
     -------
@@ -115,6 +116,8 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
     # perfect-split buffers, one row per straddling triangle (one row when clip is off)
     n_clip = max(num_tris, 1) if clip else 1
     both_tris = np.empty(n_clip, dtype=np.int32)
+    both_lo = np.empty((n_clip, 3), dtype=np.float32)
+    both_hi = np.empty((n_clip, 3), dtype=np.float32)
     new_lo = np.empty((n_clip, 3), dtype=np.float32)
     new_hi = np.empty((n_clip, 3), dtype=np.float32)
     new_pos = np.empty(2 * n_clip, dtype=np.float32)
@@ -262,9 +265,10 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
                     t = pool_tri[best_axis, i]
                     if tri_class[t] == enc.CLASS_BOTH:
                         both_tris[num_both] = t
+                        tri_slot[t] = num_both
                         num_both += 1
         split_events(pool_pos, pool_kind, pool_tri, seg_start, seg_count, tri_class, clip,
-                     scratch_pos, scratch_kind, scratch_tri, tri_box_lo, tri_box_hi, kept_left,
+                     scratch_pos, scratch_kind, scratch_tri, tri_slot, both_lo, both_hi, kept_left,
                      kept_right)
 
         if not clip:
@@ -284,7 +288,7 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
                 child_lo[k] = node_lo[k]
                 child_hi[k] = node_hi[k]
             child_hi[a] = best_pos
-            clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
+            clip_straddling(vertices, faces, both, both_lo, both_hi, child_lo, child_hi,
                             new_lo, new_hi)
             for k in range(3):
                 m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
@@ -297,7 +301,7 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
                 child_lo[k] = node_lo[k]
                 child_hi[k] = node_hi[k]
             child_lo[a] = best_pos
-            clip_straddling(vertices, faces, both, tri_box_lo, tri_box_hi, child_lo, child_hi,
+            clip_straddling(vertices, faces, both, both_lo, both_hi, child_lo, child_hi,
                             new_lo, new_hi)
             for k in range(3):
                 m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)

@@ -117,19 +117,18 @@ class SubtreeBuilder:
         self._local = threading.local()
 
     def _work_arrays(self):
-        # indexed by triangle and written before read, so one uninitialised set per thread
+        # indexed by triangle and written before read, so one uninitialised set per
+        # thread: 1 byte per triangle, 5 with clipping
         arrays = getattr(self._local, "arrays", None)
         if arrays is None:
             n = self.faces.shape[0]
-            rows = n if self.clip else 1
-            arrays = (np.empty(n, dtype=np.int8), np.empty((rows, 3), dtype=np.float32),
-                      np.empty((rows, 3), dtype=np.float32))
+            arrays = (np.empty(n, dtype=np.int8), np.empty(n if self.clip else 1, dtype=np.int32))
             self._local.arrays = arrays
         return arrays
 
     def __call__(self, task: Subtree) -> BuiltSubtree:
         """Build ``task``'s node: all of its subtree, or one split for a large one."""
-        tri_class, tri_box_lo, tri_box_hi = self._work_arrays()
+        tri_class, tri_slot = self._work_arrays()
         split_once = task.num_tris > self.split_above
         (node_axis, node_split, node_child, node_count, leaf_tris, export_node, export_start,
          export_count, export_ntris, export_lo, export_hi, pool_pos, pool_kind,
@@ -137,7 +136,7 @@ class SubtreeBuilder:
             self.vertices, self.faces, task.event_pos, task.event_kind, task.event_tri,
             task.event_start, task.event_count, int(task.num_tris), int(task.depth),
             task.box_lo, task.box_hi, *self.settings, split_once, self.pool_capacity,
-            tri_class, tri_box_lo, tri_box_hi)
+            tri_class, tri_slot)
         children = []
         total = int(export_ntris.sum())
         for e in range(export_node.shape[0]):

@@ -50,8 +50,8 @@ def test_classify_and_splice_follow_rule_r9(seed):
     kept_left = np.zeros(3, np.int64)
     kept_right = np.zeros(3, np.int64)
     box = np.zeros((1, 3), np.float32)
-    split_events(*pool, seg_start, count, tri_class, False, *scratch, box, box, kept_left,
-                 kept_right)
+    split_events(*pool, seg_start, count, tri_class, False, *scratch, np.zeros(1, np.int32),
+                 box, box, kept_left, kept_right)
     # each child's events: the node's events of its triangles, in the node's order
     for k in range(3):
         cls = tri_class[tri[k, :count[k]]]
@@ -60,3 +60,34 @@ def test_classify_and_splice_follow_rule_r9(seed):
         for buf, src, sc in zip(pool, (pos, kind, tri), scratch):
             np.testing.assert_array_equal(buf[k, :kept_left[k]], src[k, :count[k]][goes_left])
             np.testing.assert_array_equal(sc[k, :kept_right[k]], src[k, :count[k]][goes_right])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_skipping_straddling_triangles_records_their_boxes(seed):
+    rng = np.random.default_rng(100 + seed)
+    V, F = grid_soup(rng, 40)
+    _, _, tri_lo, tri_hi, valid, _ = prepare_mesh(V, F)
+    pos, kind, tri, count = sorted_root_events(tri_lo, tri_hi, valid)
+    pool = [np.zeros((3, 2 * pos.shape[1] + 4), dtype=a.dtype) for a in (pos, kind, tri)]
+    for buf, a in zip(pool, (pos, kind, tri)):
+        buf[:, :a.shape[1]] = a
+    seg_start = np.zeros(3, np.int64)
+    axis = int(rng.integers(3))
+    split = pos[axis, int(rng.integers(count[axis]))]
+    tri_class = np.zeros(F.shape[0], np.int8)
+    classify_triangles(*pool, seg_start, count, axis, split, enc.SIDE_LEFT, tri_class)
+    both = np.flatnonzero(valid & (tri_class == enc.CLASS_BOTH))
+    tri_slot = np.full(F.shape[0], -1, np.int32)
+    tri_slot[both] = rng.permutation(both.shape[0])  # any order of rows will do
+    both_lo = np.full((max(1, both.shape[0]), 3), np.nan, np.float32)
+    both_hi = np.full((max(1, both.shape[0]), 3), np.nan, np.float32)
+    scratch = [np.zeros((3, pos.shape[1]), dtype=a.dtype) for a in (pos, kind, tri)]
+    kept_left = np.zeros(3, np.int64)
+    kept_right = np.zeros(3, np.int64)
+    split_events(*pool, seg_start, count, tri_class, True, *scratch, tri_slot, both_lo, both_hi,
+                 kept_left, kept_right)
+    np.testing.assert_array_equal(both_lo[tri_slot[both]], tri_lo[both])
+    np.testing.assert_array_equal(both_hi[tri_slot[both]], tri_hi[both])
+    for k in range(3):
+        assert not np.isin(pool[2][k, :kept_left[k]], both).any()
+        assert not np.isin(scratch[2][k, :kept_right[k]], both).any()

@@ -27,13 +27,11 @@ def run(V, F, config, split_once, start=None, count=None, events=None, num_tris=
         start = np.zeros(3, np.int64)
         num_tris = int(valid.sum())
         box = bounds
-    rows = F32.shape[0] if config.clip else 1
     return build_subtree(
         V32, F32, *events, start, count, num_tris, depth, box[0].copy(), box[1].copy(),
         config.k_traversal, config.k_intersect, config.empty_bonus, config.leaf_size,
         config.resolved_max_depth(int(valid.sum())), config.axes == "longest", config.clip,
-        split_once, 0, np.empty(F32.shape[0], np.int8), np.empty((rows, 3), np.float32),
-        np.empty((rows, 3), np.float32))
+        split_once, 0, np.empty(F32.shape[0], np.int8), np.empty(F32.shape[0], np.int32))
 
 
 @pytest.mark.parametrize("clip", [False, True], ids=["noclip", "clip"])
