@@ -10,6 +10,8 @@
 //                                    (degenerate triangles left out, as in the
 //                                    tree)
 //   origins, directions (num_rays, 3) float32; ray_tmin, ray_tmax (num_rays,)
+//   scale    the trace scale (kdtree_gpu/trace/scale.py): tris hold the
+//            vertices times it, and every ray is scaled the same way
 //
 // Each block stages KD_BRUTE_TILE triangles in shared memory at a time, and
 // every thread of the block tests its ray against all of them.
@@ -24,16 +26,18 @@ __device__ __forceinline__ void kd_brute_ray(const float4* __restrict__ tris, in
                                              const float* __restrict__ directions,
                                              const float* __restrict__ ray_tmin,
                                              const float* __restrict__ ray_tmax, int num_rays,
-                                             float& out_t, int& out_tri, float& out_u,
-                                             float& out_v) {
+                                             float scale, float& out_t, int& out_tri,
+                                             float& out_u, float& out_v) {
     __shared__ float4 tile[3 * KD_BRUTE_TILE];
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     const bool active = i < num_rays;
     // threads past the end set up a dummy ray and only help with the staging
     const long long r = active ? i : 0;
-    const KdWatertightRay wr = kd_setup_watertight(origins[3 * r], origins[3 * r + 1],
-                                                   origins[3 * r + 2], directions[3 * r],
-                                                   directions[3 * r + 1], directions[3 * r + 2]);
+    // in the trace scale's space, as the triangles (kdtree_gpu/trace/scale.py)
+    const KdWatertightRay wr = kd_setup_watertight(
+        __fmul_rn(origins[3 * r], scale), __fmul_rn(origins[3 * r + 1], scale),
+        __fmul_rn(origins[3 * r + 2], scale), __fmul_rn(directions[3 * r], scale),
+        __fmul_rn(directions[3 * r + 1], scale), __fmul_rn(directions[3 * r + 2], scale));
     const float tmin = active ? ray_tmin[r] : 0.0f;
     const float tmax = active ? ray_tmax[r] : -1.0f;
     float best_t = tmax;
@@ -89,13 +93,14 @@ __device__ __forceinline__ void kd_brute_ray(const float4* __restrict__ tris, in
 extern "C" __global__ void __launch_bounds__(KD_BRUTE_BLOCK)
 kd_brute_closest(const float4* __restrict__ tris, int num_tris, const float* __restrict__ origins,
                  const float* __restrict__ directions, const float* __restrict__ ray_tmin,
-                 const float* __restrict__ ray_tmax, int num_rays, float* __restrict__ hit_t,
+                 const float* __restrict__ ray_tmax, int num_rays, float scale,
+                 float* __restrict__ hit_t,
                  int* __restrict__ hit_tri, float* __restrict__ hit_u,
                  float* __restrict__ hit_v) {
     float t, u, v;
     int tri;
-    kd_brute_ray<false>(tris, num_tris, origins, directions, ray_tmin, ray_tmax, num_rays, t, tri,
-                        u, v);
+    kd_brute_ray<false>(tris, num_tris, origins, directions, ray_tmin, ray_tmax, num_rays, scale,
+                        t, tri, u, v);
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= num_rays) return;
     hit_t[i] = t;
@@ -108,12 +113,12 @@ kd_brute_closest(const float4* __restrict__ tris, int num_tris, const float* __r
 extern "C" __global__ void __launch_bounds__(KD_BRUTE_BLOCK)
 kd_brute_any(const float4* __restrict__ tris, int num_tris, const float* __restrict__ origins,
              const float* __restrict__ directions, const float* __restrict__ ray_tmin,
-             const float* __restrict__ ray_tmax, int num_rays,
+             const float* __restrict__ ray_tmax, int num_rays, float scale,
              unsigned char* __restrict__ hit_any) {
     float t, u, v;
     int tri;
-    kd_brute_ray<true>(tris, num_tris, origins, directions, ray_tmin, ray_tmax, num_rays, t, tri,
-                       u, v);
+    kd_brute_ray<true>(tris, num_tris, origins, directions, ray_tmin, ray_tmax, num_rays, scale,
+                       t, tri, u, v);
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= num_rays) return;
     hit_any[i] = tri != KD_NO_HIT ? 1 : 0;

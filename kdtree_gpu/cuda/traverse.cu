@@ -248,7 +248,7 @@ kd_trace(const int2* __restrict__ nodes, const float4* __restrict__ tris, KdTrac
     kd_trace_ray<ANY_HIT, COUNT>(nodes, tris, p, rays, i, status, t, tri, u, v, num_nodes,
                                  num_tests);
     if (ANY_HIT) {
-        hits.hit_any[i] = (unsigned char)tri;
+        hits.hit_any[i] = tri > 0 ? 1 : 0;  // tri: 1 hit, 0 none, KD_NO_HIT a bad ray
     } else {
         hits.hit_t[i] = t;
         hits.hit_tri[i] = tri;

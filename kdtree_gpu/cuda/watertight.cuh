@@ -14,7 +14,7 @@
 //     W = Bx*Ay - By*Ax. When one of them is exactly 0, all three are redone
 //     in float64 from the same float32 operands (the products are exact).
 //   * A hit needs U, V, W all >= 0 or all <= 0, det = (U + V) + W != 0, and
-//     tmin <= t <= tmax with t = T / det, T = (U*Az + V*Bz) + W*Cz and
+//     a finite t with tmin <= t <= tmax, t = T / det, T = (U*Az + V*Bz) + W*Cz and
 //     Az = Sz * A[kz]. Barycentrics: u = V / det (weight of v1),
 //     v = W / det (weight of v2).
 //
@@ -118,7 +118,9 @@ __device__ __forceinline__ bool kd_hit_triangle(const KdWatertightRay& r, float4
     const float cz = __fmul_rn(r.sz, ckz);
     const float big_t = __fadd_rn(__fadd_rn(__fmul_rn(u, az), __fmul_rn(v, bz)), __fmul_rn(w, cz));
     const float t = __fdiv_rn(big_t, det);
-    if (!(t >= tmin && t <= tmax)) return false;
+    // a hit has a finite t (an infinite or NaN quotient comes from T
+    // overflowing: a hit beyond float32's range is no hit; trace/scale.py)
+    if (!(t >= tmin && t <= tmax) || !isfinite(t)) return false;
     t_hit = t;
     edge_v = v;
     edge_w = w;

@@ -360,9 +360,14 @@ def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     import cupy
 
     num_rays = _check_rays(origins, directions, tmin, tmax)
+    from .scale import trace_scale
+
     V, F = validate_mesh(vertices, faces)
     tri_ids = np.flatnonzero(~degenerate_mask(V, F)).astype(np.int32)
-    tris = cupy.asarray(pack_triangles(V, F, tri_ids))
+    corners = V[F[tri_ids]].reshape(-1, 3)
+    bounds = np.stack([corners.min(0), corners.max(0)]) if len(corners) else np.zeros((2, 3))
+    scale = np.float32(trace_scale(bounds))
+    tris = cupy.asarray(pack_triangles(V * scale, F, tri_ids))
     name = "kd_brute_any" if any_hit else "kd_brute_closest"
     kernel = get_function(BRUTE_SOURCE, name)
     if any_hit:
@@ -371,7 +376,7 @@ def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
         outputs = (cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.int32),
                    cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.float32))
     args = (tris, np.int32(tri_ids.shape[0]), origins, directions, tmin, tmax, np.int32(num_rays),
-            *outputs)
+            scale, *outputs)
     launch("brute-force " + ("any hit" if any_hit else "closest hit"), kernel, num_rays, args,
            block=enc.BRUTE_BLOCK)
     return outputs

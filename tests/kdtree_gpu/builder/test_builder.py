@@ -367,7 +367,7 @@ def test_gpu_profile_names_every_stage():
     tree = kd.build(V, F, device="cuda", profile=True)
     table = tree.build_info["profile_table"]
     for name in ("prepare_mesh", "create_root_events", "build_levels_grid",
-                 "read_level_counts", "download"):
+                 "read_level_counts", "traversal layout", "pack layout: triangles"):
         assert name in table
     tree = kd.build(V, F, device="cuda", profile=True, kernels="stages")
     table = tree.build_info["profile_table"]

@@ -15,14 +15,12 @@ import subprocess
 import numpy as np
 import pytest
 
-from kdtree_gpu import kernels
+from kdtree_gpu import kernels, testing
 from kdtree_gpu.trace import gpu as rg
 from kdtree_gpu.device import gpu_available
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
-
-RTOL = 1e-5
 
 
 # --- scenes ----------------------------------------------------------------------
@@ -61,17 +59,9 @@ def make_soup(num_tris, rng):
 
 
 def random_rays(vertices, num_rays, rng):
-    """Origins in and around the mesh box, random directions, some axis-aligned or with zeros."""
-    lo, hi = vertices.min(0), vertices.max(0)
-    size = np.maximum(hi - lo, 1e-3)
-    origins = lo - 0.5 * size + 2.0 * size * rng.random((num_rays, 3))
-    directions = rng.normal(size=(num_rays, 3))
-    k = num_rays // 8
-    directions[:k] = np.eye(3)[rng.integers(0, 3, k)] * rng.choice([-1.0, 1.0], (k, 1))
-    directions[k:2 * k, rng.integers(0, 3)] = 0.0
-    directions[2 * k:3 * k] = np.where(rng.random((k, 3)) < 0.5, -0.0, directions[2 * k:3 * k])
-    directions[np.abs(directions).max(1) == 0] = (1.0, 1.0, 1.0)
-    return origins.astype(np.float32), directions.astype(np.float32)
+    """Rays in and around the mesh box (kdtree_gpu.testing), 3/8 axis-aligned or with (-)0 components."""
+    bounds = np.stack([vertices.min(0), vertices.max(0)])
+    return testing.random_rays(bounds, num_rays, rng, special=3 / 8)[:2]
 
 
 def rays_through_points(points, rng, distance=1.0):
@@ -96,25 +86,15 @@ def grid_edge_points(n, num, rng):
 
 
 # --- comparison ------------------------------------------------------------------
-def assert_same_closest(t_a, tri_a, t_b, tri_b, what, vertices=None, faces=None, origins=None,
-                        directions=None, min_same=0.99):
-    """Same hit/miss, same triangle or an equally close one (ties within RTOL).
+def assert_same_closest(t_a, tri_a, t_b, tri_b, what, min_same=0.99):
+    """Same hit/miss, same triangle or an equally close one (kdtree_gpu.testing's ties).
 
     ``min_same`` is the least fraction of hits naming the same triangle; rays
     aimed at shared edges and vertices tie on purpose, so their tests lower it
     and rely on the barycentric check that the named triangle is really hit.
     """
-    t_a, tri_a, t_b, tri_b = (np.asarray(x) for x in (t_a, tri_a, t_b, tri_b))
-    assert np.array_equal(tri_a >= 0, tri_b >= 0), (
-        f"{what}: hit/miss differ on {int(np.sum((tri_a >= 0) != (tri_b >= 0)))} rays, first "
-        f"{np.flatnonzero((tri_a >= 0) != (tri_b >= 0))[:5].tolist()}")
-    assert np.all(np.isinf(t_a[tri_a < 0])) and np.all(np.isinf(t_b[tri_b < 0]))
-    hit = tri_a >= 0
-    close = np.abs(t_a[hit].astype(np.float64) - t_b[hit]) <= RTOL * np.abs(t_b[hit].astype(np.float64))
-    bad = np.flatnonzero(hit)[~close]
-    assert bad.size == 0, (f"{what}: t differs beyond {RTOL} on {bad.size} rays, first "
-                           f"{bad[:5].tolist()}: {t_a[bad[:5]].tolist()} vs {t_b[bad[:5]].tolist()}")
-    frac_same = np.mean(tri_a[hit] == tri_b[hit]) if hit.any() else 1.0
+    comparison = testing.assert_same_hits((t_a, tri_a), (t_b, tri_b), labels=(what, "the other"))
+    frac_same = 1.0 - comparison.num_ties / comparison.num_hits if comparison.num_hits else 1.0
     assert frac_same >= min_same, f"{what}: only {frac_same:.4f} of the hits name the same triangle"
 
 
@@ -418,12 +398,10 @@ def test_torch_and_cupy_inputs_give_the_same_hits(make_tree, rng):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["spot.ply", "stanford_bunny.ply", "sponza_dabrovic.ply",
                                   "happy_buddha_100k.ply"])
-def test_real_meshes_match_brute_force(name, make_tree, rng):
-    from conftest import require_mesh
-
+def test_real_meshes_match_brute_force(name, make_tree, rng, mesh_file):
     from kdtree_gpu.mesh import load_mesh
 
-    vertices, faces = load_mesh(require_mesh(name))
+    vertices, faces = load_mesh(mesh_file(name))
     tree = make_tree(vertices, faces)
     origins, directions = random_rays(vertices, 20000, rng)
     check_against_brute(tree, origins, directions, what=name)
