@@ -7,14 +7,15 @@ Run on a machine with a CUDA GPU::
 For each mesh (``*.ply`` in ``--mesh-dir``):
 
 1. build a tree with ``cpu_reference.build`` (or load it from ``--tree-cache``);
-2. cast ``--rays`` random rays (origins in and around the box, random
-   directions, some axis-aligned or with zero components; a quarter with
-   random finite ``[tmin, tmax]``) with the GPU traversal, closest and any hit;
+2. cast ``--rays`` random rays (``kdtree_gpu.testing.random_rays``: in and
+   around the box, an eighth with axis-aligned or zero components, a quarter
+   with random finite ``[tmin, tmax]``) with the GPU traversal, closest and
+   any hit;
 3. compare with the GPU brute force (every triangle, the same watertight test)
    on a strided subset sized by ``--brute-work`` ray-triangle tests, and with
-   the CPU traversal on ``--cpu-rays`` rays. A ray matches when both miss, or
-   both hit the same triangle with t within 1e-5 relative, or both hit
-   different triangles at t within 1e-5 relative (a tie);
+   the CPU traversal on ``--cpu-rays`` rays (``kdtree_gpu.testing.compare_hits``:
+   a ray matches when both miss, or both hit at t within 1e-5 relative, the
+   same triangle or a tie);
 4. for meshes that ``manifest.json`` marks watertight, shoot
    ``--watertight-rays`` rays in random directions from points inside the mesh
    (points found by stepping inward from triangle centroids and kept only when
@@ -39,7 +40,6 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-RTOL = 1e-5
 MAX_REPORTED = 10
 
 
@@ -60,43 +60,6 @@ def parse_args(argv=None):
     if not args.mesh_dir or not Path(args.mesh_dir).is_dir():
         parser.error(f"--mesh-dir must be a folder of meshes, got {args.mesh_dir!r}")
     return args
-
-
-# --- rays ------------------------------------------------------------------------
-def make_random_rays(vertices, num_rays, rng):
-    """Random rays in and around the mesh box (see the module docstring).
-
-    Returns
-    -------
-    origins, directions : (num_rays, 3) float32
-    ray_tmin, ray_tmax : (num_rays,) float32
-    """
-    lo, hi = vertices.min(0).astype(np.float64), vertices.max(0).astype(np.float64)
-    size = np.maximum(hi - lo, 1e-6 * max(float(np.max(hi - lo)), 1e-30))
-    origins = lo - 0.25 * size + 1.5 * size * rng.random((num_rays, 3))
-    directions = rng.normal(size=(num_rays, 3))
-    k = num_rays // 16
-    directions[:k] = np.eye(3)[rng.integers(0, 3, k)] * rng.choice([-1.0, 1.0], (k, 1))
-    directions[k:2 * k, rng.integers(0, 3)] = 0.0
-    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
-    diag = float(np.linalg.norm(hi - lo))
-    ray_tmin = np.zeros(num_rays, np.float32)
-    ray_tmax = np.full(num_rays, np.inf, np.float32)
-    q = num_rays // 4
-    ray_tmin[-q:] = rng.random(q) * 0.5 * diag
-    ray_tmax[-q:] = ray_tmin[-q:] + rng.random(q) * diag
-    return (origins.astype(np.float32), directions.astype(np.float32), ray_tmin, ray_tmax)
-
-
-def compare_closest(t_a, tri_a, t_b, tri_b):
-    """Indices of rays where two closest-hit answers disagree (ties allowed)."""
-    hit_a, hit_b = tri_a >= 0, tri_b >= 0
-    both = hit_a & hit_b
-    t_close = np.zeros(t_a.shape, bool)
-    t_close[both] = (np.abs(t_a[both].astype(np.float64) - t_b[both])
-                     <= RTOL * np.abs(t_b[both].astype(np.float64)))
-    ok = (~hit_a & ~hit_b) | (both & t_close)
-    return np.flatnonzero(~ok)
 
 
 def describe_mismatches(bad, origins, directions, ray_tmin, ray_tmax, answers):
@@ -191,13 +154,14 @@ def load_or_build_tree(path, tree_cache):
 def check_mesh(path, watertight, args, rng):
     import cupy
 
+    from kdtree_gpu.testing import compare_hits, random_rays
     from kdtree_gpu.trace import gpu as rg
 
     record = {"mesh": path.stem, "watertight": bool(watertight)}
     tree, build_s = load_or_build_tree(path, args.tree_cache)
     record.update(triangles=tree.num_triangles, nodes=tree.num_nodes, refs=tree.num_refs,
                   build_s=build_s)
-    O, D, tmin, tmax = make_random_rays(tree.vertices, args.rays, rng)
+    O, D, tmin, tmax = random_rays(tree.bounds, args.rays, rng, special=1 / 8, intervals=1 / 4)
     rays = tuple(cupy.asarray(x) for x in (O, D, tmin, tmax))
 
     start, end = cupy.cuda.Event(), cupy.cuda.Event()
@@ -227,7 +191,7 @@ def check_mesh(path, watertight, args, rng):
     bt, btri, _, _ = (x.get() for x in rg.brute_intersect_gpu(tree.vertices, tree.faces, *sub_rays))
     bhit = rg.brute_occluded_gpu(tree.vertices, tree.faces, *sub_rays).get()
     record["brute_s"] = time.perf_counter() - t0
-    bad = compare_closest(t[sub], tri[sub], bt, btri)
+    bad = np.flatnonzero(compare_hits((t[sub], tri[sub]), (bt, btri)).bad)
     bad_bany = np.flatnonzero(bhit != hit[sub])
     record["vs_brute"] = {
         "rays": int(sub.size), "mismatches": int(bad.size), "any_hit_mismatches": int(bad_bany.size),
@@ -246,7 +210,7 @@ def check_mesh(path, watertight, args, rng):
                                                                device="cpu"))
     chit = np.asarray(tree.occluded(O[sub], D[sub], tmin[sub], tmax[sub], device="cpu"))
     record["cpu_s"] = time.perf_counter() - t0
-    bad = compare_closest(t[sub], tri[sub], ct, ctri)
+    bad = np.flatnonzero(compare_hits((t[sub], tri[sub]), (ct, ctri)).bad)
     bad_cany = np.flatnonzero(chit != hit[sub])
     record["vs_cpu"] = {
         "rays": int(sub.size), "mismatches": int(bad.size), "any_hit_mismatches": int(bad_cany.size),

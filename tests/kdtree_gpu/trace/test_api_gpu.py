@@ -12,6 +12,7 @@ import pytest
 
 import kdtree_gpu as kd
 from kdtree_gpu.device import gpu_available
+from kdtree_gpu.testing import random_rays
 from kdtree_gpu.trace import gpu as rg
 
 pytestmark = [pytest.mark.gpu,
@@ -26,10 +27,8 @@ def sphere():
 
 
 def rays(num, seed=0):
-    rng = np.random.default_rng(seed)
-    origins = (rng.random((num, 3)) * 3 - 1.5).astype(np.float32)
-    directions = rng.normal(size=(num, 3)).astype(np.float32)
-    return origins, directions
+    """Origins and directions in and around the sphere's box (kdtree_gpu.testing)."""
+    return random_rays([[-1.0, -1.0, -1.0], [1.0, 1.0, 1.0]], num, seed)[:2]
 
 
 BAD_RAYS = [  # (what is wrong with ray 3, the words of the error)

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import trimesh
 
+from kdtree_gpu import testing
 from kdtree_gpu import trace as raycast
 from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.trace.cpu import brute_cpu
@@ -17,43 +18,14 @@ def load_ply(path):
     return np.asarray(mesh.vertices, np.float32), np.asarray(mesh.faces, np.int32)
 
 
-def random_rays(bounds, n, rng, with_intervals=True):
-    """Rays from a box 1.5 times the mesh box toward random points of the mesh box.
-
-    Directions are not normalized (lengths vary). With ``with_intervals`` a
-    third of the rays get a random finite ``[tmin, tmax]`` around the target.
-    """
-    lo, hi = bounds.astype(np.float64)
-    centre, size = 0.5 * (lo + hi), hi - lo
-    origins = centre + (rng.random((n, 3)) - 0.5) * size * 1.5
-    targets = lo + rng.random((n, 3)) * size
-    directions = (targets - origins) * rng.uniform(0.5, 2.0, (n, 1))
-    tmin = np.zeros(n)
-    tmax = np.full(n, np.inf)
-    if with_intervals:
-        part = rng.random(n) < 1 / 3
-        tmin[part] = rng.uniform(0.0, 0.6, part.sum())
-        tmax[part] = tmin[part] + rng.uniform(0.0, 0.8, part.sum())
-    return (origins.astype(np.float32), directions.astype(np.float32),
-            tmin.astype(np.float32), tmax.astype(np.float32))
+def random_rays(bounds, n, rng):
+    """Rays in and around the box with directions of varying length, a third with a finite interval."""
+    return testing.random_rays(bounds, n, rng, unit=False, intervals=1 / 3)
 
 
-def assert_same_hits(result, expected, rtol=1e-5):
-    """Equal triangles, except where the two t values tie within ``rtol``."""
-    t, tri, u, v = result
-    t_ref, tri_ref, u_ref, v_ref = expected
-    hit = tri_ref >= 0
-    np.testing.assert_array_equal(tri >= 0, hit)
-    assert np.all(np.isinf(t[~hit])) and np.all(u[~hit] == 0) and np.all(v[~hit] == 0)
-    np.testing.assert_allclose(t[hit], t_ref[hit], rtol=rtol)
-    differ = tri != tri_ref
-    with np.errstate(invalid="ignore"):  # inf - inf on rays that miss
-        tie = np.abs(t - t_ref) <= rtol * np.abs(t_ref)
-    assert not np.any(differ & ~tie), np.flatnonzero(differ & ~tie)[:10]
-    same = ~differ
-    np.testing.assert_array_equal(t[same], t_ref[same])
-    np.testing.assert_array_equal(u[same], u_ref[same])
-    np.testing.assert_array_equal(v[same], v_ref[same])
+def assert_same_hits(result, expected):
+    """Equal answers; the same triangle bit for bit, another only at a tie (kdtree_gpu.testing)."""
+    testing.assert_same_hits(result, expected, exact=True)
 
 
 @pytest.mark.parametrize("name", ["suzanne.ply", "stanford_bunny.ply", "sponza_dabrovic.ply"])
