@@ -3,10 +3,18 @@
 For each mesh and ``clip`` setting, ``cpu_reference.build`` runs with
 ``threads=1``, ``threads=2`` and the default (every core), warm: after
 ``cpu_reference.warm_up()`` and one untimed build per setting. The timed
-builds go round-robin (1, 2, default, Embree, 1, 2, ...) so that a
-background load hits every column alike; each column is the median of
-``--repeats`` wall-clock times of the whole call (mesh checks included,
+builds go round-robin (1, 2, default, ``kd.build``, Embree, 1, 2, ...) so
+that a background load hits every column alike; each column is the median
+of ``--repeats`` wall-clock times of the whole call (mesh checks included,
 compilation not). The three trees are checked to be equal array for array.
+
+The machine may be shared. Before each round the script waits (up to
+``--wait-idle`` seconds) for idle CPUs, and during each timed call it
+measures the CPU time that other processes took (``/proc/stat`` less this
+process's ``os.times()``). A sample is *clean* when other processes kept
+fewer than 0.1 cores busy; rounds go on (at most ``3 * repeats``) until every
+column has ``repeats`` clean samples, and the medians are taken over the
+clean samples (over all when fewer than half are clean).
 
 When ``embreex`` is importable, its BVH build is timed in the same run:
 scene construction plus one single-ray query, which commits the scene (the
@@ -53,6 +61,8 @@ from kdtree_gpu import SAHConfig  # noqa: E402
 DEFAULT_MESHES = ["suzanne", "stanford_bunny", "conference", "stanford_armadillo"]
 SUBDIVIDED = "stanford_armadillo_subdiv4x"
 THREAD_SETTINGS = [1, 2, None]  # None: the default, every core
+# a sample is clean when other processes kept fewer cores than this busy during it
+CLEAN_LIMIT = 0.1
 ARRAYS = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris")
 
 # GAPT part 11, CPU Wald-style builder on an i7-4770: (model, triangles, seconds)
@@ -171,10 +181,45 @@ def wait_until_idle(max_wait, threshold=0.9):
     return idle
 
 
+def busy_cpu_seconds():
+    """CPU seconds spent so far by the whole machine (all processes; None without /proc)."""
+    try:
+        values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
 def timed(fn):
+    """Wall seconds of ``fn()``, its result, and the cores other processes kept busy meanwhile.
+
+    The last is the machine's busy CPU time less this process's (all its
+    threads), over the wall time: about 0 on an otherwise idle machine, about
+    1 when another process held a core throughout.
+    """
+    busy0, own0 = busy_cpu_seconds(), os.times()
     start = time.perf_counter()
     out = fn()
-    return time.perf_counter() - start, out
+    seconds = time.perf_counter() - start
+    busy1, own1 = busy_cpu_seconds(), os.times()
+    other = None
+    if busy0 is not None:
+        own = (own1.user - own0.user) + (own1.system - own0.system)
+        other = max(0.0, (busy1 - busy0) - own) / seconds
+    return seconds, out, other
+
+
+def clean_median(samples, others, limit):
+    """Median of the samples taken while other processes used under ``limit`` cores.
+
+    Returns the median and the number of samples it used (all of them when
+    fewer than half were clean, the share of other work unknown, or none).
+    """
+    clean = [t for t, o in zip(samples, others) if o is not None and o < limit]
+    if len(clean) * 2 < len(samples):
+        return statistics.median(samples), len(samples)
+    return statistics.median(clean), len(clean)
 
 
 def kd_build_cpu(vertices, faces, config):
@@ -210,16 +255,23 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
         jobs["embree"] = lambda: embree_build(V, F)
     results = {key: fn() for key, fn in jobs.items()}  # one untimed run each
     times = {key: [] for key in jobs}
+    others = {key: [] for key in jobs}
     load = []
     idle = []
-    for _ in range(repeats):
+    # round-robin until every job has `repeats` clean samples (or 3 x repeats rounds)
+    for _ in range(3 * repeats):
         idle.append(wait_until_idle(max_wait) if max_wait > 0 else idle_fraction(0.1))
         load.append(os.getloadavg()[0])
         for key, fn in jobs.items():
-            seconds, out = timed(fn)
+            seconds, out, other = timed(fn)
             times[key].append(seconds)
+            others[key].append(other)
             if key != "embree":
                 results[key] = out
+        if all(sum(o is not None and o < CLEAN_LIMIT for o in others[key]) >= repeats
+               or (others[key][0] is None and len(times[key]) >= repeats) for key in jobs):
+            break
+    median = {key: clean_median(times[key], others[key], CLEAN_LIMIT) for key in jobs}
     rows = []
     for clip in clips:
         one = results[(clip, 1)]
@@ -227,14 +279,15 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
         for threads in THREAD_SETTINGS:
             tree = results[(clip, threads)]
             same = all(np.array_equal(getattr(tree, a), getattr(one, a)) for a in ARRAYS)
-            med = statistics.median(times[(clip, threads)])
+            med, used = median[(clip, threads)]
             gapt = GAPT_CPU.get(name)
             rows.append({
                 "builder": "cpu_reference", "mesh": name, "triangles": int(F.shape[0]),
                 "clip": clip, "threads_arg": threads, "threads": tree.build_info["threads"],
-                "seconds_median": med, "seconds_all": times[(clip, threads)],
-                "repeats": repeats,
-                "speedup_vs_threads_1": statistics.median(times[(clip, 1)]) / med,
+                "seconds_median": med, "samples_used": used,
+                "seconds_all": times[(clip, threads)],
+                "other_cores_busy": others[(clip, threads)], "repeats": repeats,
+                "speedup_vs_threads_1": median[(clip, 1)][0] / med,
                 "build_info_seconds": tree.build_info["seconds"],
                 "subtrees": tree.build_info["subtrees"], "same_tree_as_threads_1": same,
                 "nodes": stats["nodes"], "leaves": stats["leaves"],
@@ -249,20 +302,23 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
                   f"subtrees={rows[-1]['subtrees']}  same={same}", flush=True)
     if with_kd:
         for clip in clips:
-            med = statistics.median(times[(clip, "kd")])
+            med, used = median[(clip, "kd")]
             rows.append({"builder": "kd.build(device='cpu')", "mesh": name,
                          "triangles": int(F.shape[0]), "clip": clip, "seconds_median": med,
-                         "seconds_all": times[(clip, "kd")], "repeats": repeats,
-                         "ratio_to_threads_1": med / statistics.median(times[(clip, 1)]),
+                         "samples_used": used, "seconds_all": times[(clip, "kd")],
+                         "other_cores_busy": others[(clip, "kd")], "repeats": repeats,
+                         "ratio_to_threads_1": med / median[(clip, 1)][0],
                          "same_tree_as_threads_1": results[(clip, "kd")].compare(
                              results[(clip, 1)]) is None,
                          "load_avg_1min": load, "idle_before_round": idle, "machine": info})
             print(f"{name:28s} clip={str(clip):5s} kd.build(device='cpu') median={med:7.3f}s "
                   f"ratio to threads=1: {rows[-1]['ratio_to_threads_1']:.2f}", flush=True)
     if with_embree:
-        med = statistics.median(times["embree"])
+        med, used = median["embree"]
         rows.append({"builder": "embreex", "mesh": name, "triangles": int(F.shape[0]),
-                     "seconds_median": med, "seconds_all": times["embree"], "repeats": repeats,
+                     "seconds_median": med, "samples_used": used,
+                     "seconds_all": times["embree"], "other_cores_busy": others["embree"],
+                     "repeats": repeats,
                      "load_avg_1min": load, "idle_before_round": idle, "machine": info})
         print(f"{name:28s} embree median={med:7.3f}s", flush=True)
     return rows
@@ -289,7 +345,8 @@ def write_markdown(rows, info, warm, path: Path):
         "",
         f"`cpu_reference.build(V, F, SAHConfig(clip=...), threads=...)`, default settings "
         "otherwise. Seconds: median of "
-        f"{repeats} wall-clock times of the whole call (mesh checks included), warm: after "
+        f"{repeats} or more wall-clock times of the whole call (mesh checks included) taken "
+        f"while other processes kept under {CLEAN_LIMIT} cores busy, warm: after "
         f"`cpu_reference.warm_up()` ({warm.seconds:.1f} s here, "
         f"{'compiled' if warm.compiled else 'loaded from the numba cache'}) and one untimed "
         "build per setting; the settings run round-robin. 'Default' is `threads=None` "
@@ -301,7 +358,8 @@ def write_markdown(rows, info, warm, path: Path):
         "time over the `threads=1` time.",
         "",
         "| Mesh | Triangles | Clip | threads=1 (s) | threads=2 (s) | default (s) "
-        "| 1 -> 2 speedup | kd.build cpu (s) | kd / threads=1 | Subtrees | Nodes | Refs/tri "
+        "| 1 -> 2 speedup | kd.build cpu (s) | kd.build / threads=1 | Subtrees | Nodes "
+        "| Refs/tri "
         "| Embree (s) | GAPT CPU, i7-4770 |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
@@ -329,7 +387,10 @@ def write_markdown(rows, info, warm, path: Path):
         "Before each round the script waits (up to `--wait-idle` s) for the CPUs to be "
         f"idle: the idle share measured then was {min(idle, default=0):.0%} to "
         f"{max(idle, default=0):.0%}; the 1-minute load average {min(loads):.2f} to "
-        f"{max(loads):.2f}. Another process may still start during a round.",
+        f"{max(loads):.2f}. Samples used per column (clean ones, or all): "
+        f"{min(r['samples_used'] for r in rows)} to {max(r['samples_used'] for r in rows)}; "
+        "every sample, with the cores other processes used during it, is in the JSON "
+        "file.",
         "",
         "Command: `python benchmarks/cpu_build.py "
         + " ".join(sys.argv[1:]) + "`" if len(sys.argv) > 1
