@@ -9,7 +9,7 @@ Run (GPU; the CPU works for tiny sizes)::
 Scenes: ``cornell`` (the built-in Cornell box), ``cornell+<mesh>`` (a mesh
 placed on its floor), ``<mesh>`` (the mesh alone, with the default camera
 framing it from outside and an emissive quad above it,
-:func:`kdtree_gpu.render_scene.mesh_scene`), ``<mesh>@inside`` (the same
+:func:`kdtree_gpu.scenes.mesh_scene`), ``<mesh>@inside`` (the same
 with the interior camera and light, for rooms: ``conference@inside``),
 ``furnace``. Meshes are read from ``--mesh-dir`` (default
 ``$KDTREE_GPU_MESH_DIR``).
@@ -43,7 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import kdtree_gpu.render as R  # noqa: E402  (the package attribute "render" is the function)
-from kdtree_gpu.render_scene import RenderScene, furnace_scene, mesh_scene  # noqa: E402
+from kdtree_gpu.scenes import (Scene, as_scene, cornell_box, cornell_box_with,  # noqa: E402
+                               furnace_scene, mesh_scene)
 
 DEFAULT_DEPTHS = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 20, 50, 100)
 
@@ -76,16 +77,13 @@ def load_mesh(name: str, folder: Path):
     return package_load_mesh(path)
 
 
-def make_scene(spec: str, folder: Path) -> RenderScene:
+def make_scene(spec: str, folder: Path) -> Scene:
     """A scene from its name (see the module docstring)."""
     if spec == "furnace":
         return furnace_scene(0.5)
     if spec == "cornell" or spec.startswith("cornell+"):
-        from kdtree_gpu import scenes
-
         mesh = load_mesh(spec.split("+", 1)[1], folder) if "+" in spec else None
-        obj = scenes.cornell_box() if mesh is None else scenes.cornell_box_with(*mesh)
-        scene = R.as_render_scene(obj)
+        scene = as_scene(cornell_box() if mesh is None else cornell_box_with(*mesh))
         scene.name = spec
         return scene
     interior = spec.endswith("@inside")

@@ -52,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import bench_render as B  # noqa: E402
 import kdtree_gpu.render as R  # noqa: E402  (the package attribute "render" is the function)
-from kdtree_gpu.render_scene import furnace_scene  # noqa: E402
+from kdtree_gpu.scenes import furnace_scene  # noqa: E402
 
 
 # render_check.json, render_bench.json, render_bench.md, render_depth_sweep.png and

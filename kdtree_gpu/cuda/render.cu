@@ -1,5 +1,6 @@
-// Wavefront path tracer stages (kdtree_gpu/render.py holds the NumPy twin of
-// every kernel here and documents the estimator).
+// Wavefront path tracer stages (kdtree_gpu/render/stages.py launches every
+// kernel here and holds its NumPy twin; kdtree_gpu/render/__init__.py
+// documents the estimator).
 //
 // One thread per queue entry. Queues are structures of arrays: (n, 3) float
 // fields are read as three floats, (n,) fields as one value. Triangle and
@@ -7,7 +8,7 @@
 // return at once; with compaction off they still take a thread.
 //
 // Random numbers: kd_uniform(key, salt) = 24 high bits of pcg(key + salt),
-// bit-identical to kdtree_gpu.render.uniform_from_key.
+// bit-identical to kdtree_gpu.render.sampling.uniform_from_key.
 
 #define KD_INV_PI 0.31830988618379067f
 
@@ -344,6 +345,7 @@ extern "C" __global__ void kd_render_russian_roulette(
 }
 
 // --- Stream compaction of a queue (GAPT part 11, section 11.1) ----------------------
+// (driven by kdtree_gpu/render/compaction.py: Compactor; its twin is compact_rows_xp)
 // Two launches over tiles of `tile_size` consecutive rows, one block per tile:
 //   kd_render_count_live_tiles   live rows of each tile
 //   kd_render_compact_rows       each block adds up the counts of the tiles

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import os
 import struct
-import tempfile
 import zlib
 
 import numpy as np
 
-from .atomic import default_file_mode
+from ..arrays import to_numpy
+from ..atomic import atomic_write
 
 TONEMAP_CHOICES = ("clamp", "reinhard")
 
@@ -20,7 +19,7 @@ def tonemap(image, exposure: float = 1.0, method: str = "clamp"):
     Parameters
     ----------
     image : (height, width, 3) float
-        Linear radiance (a CuPy array is copied to the host).
+        Linear radiance (a GPU array is copied to the host).
     exposure : float
         Scale applied before the curve.
     method : {"clamp", "reinhard"}
@@ -33,9 +32,7 @@ def tonemap(image, exposure: float = 1.0, method: str = "clamp"):
     """
     if method not in TONEMAP_CHOICES:
         raise ValueError(f"method must be one of {TONEMAP_CHOICES}, got {method!r}")
-    if hasattr(image, "get") and type(image).__module__.startswith("cupy"):
-        image = image.get()
-    x = np.nan_to_num(np.asarray(image, dtype=np.float64) * float(exposure), nan=0.0,
+    x = np.nan_to_num(to_numpy(image).astype(np.float64) * float(exposure), nan=0.0,
                       posinf=1.0, neginf=0.0)
     if x.ndim != 3 or x.shape[2] != 3:
         raise ValueError(f"image must have shape (height, width, 3), got {x.shape}")
@@ -83,26 +80,13 @@ def save_png(image, path, exposure: float = 1.0, method: str = "clamp") -> None:
     image : (height, width, 3) float or uint8
         Linear radiance (tone mapped with :func:`tonemap`) or 8-bit sRGB.
     path : str or os.PathLike
-        Written through a temporary file in the same folder and renamed, so a
-        reader never sees a partial file.
+        Written through :func:`kdtree_gpu.atomic.atomic_write`: a reader
+        never sees a partial file.
     exposure, method :
         See :func:`tonemap` (ignored for uint8 input).
     """
-    if hasattr(image, "get") and type(image).__module__.startswith("cupy"):
-        image = image.get()
-    image = np.asarray(image)
+    image = to_numpy(image)
     pixels = image if image.dtype == np.uint8 else tonemap(image, exposure, method)
     data = encode_png(pixels)
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".png.tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        # mkstemp creates the file with mode 0600
-        os.chmod(tmp, default_file_mode())
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    with atomic_write(path) as f:
+        f.write(data)

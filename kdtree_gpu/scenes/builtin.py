@@ -1,89 +1,20 @@
-"""Built-in procedural scenes: the Cornell box, spheres, triangle soups, quad grids.
+"""Built-in procedural scenes: the Cornell box, spheres, triangle soups, quad grids, the furnace.
 
 Every function is deterministic (same arguments, same arrays) and returns a
-:class:`Scene`. Scenes made for rendering (the Cornell box) carry
-per-triangle material ids, a material table and a camera suggestion; the
-geometry-only scenes leave those ``None``.
+:class:`~kdtree_gpu.scenes.Scene`. Scenes made for rendering (the Cornell
+boxes, the furnace) carry per-triangle material ids, a material table and a
+camera; the geometry-only scenes leave those ``None`` (the renderer lights
+and frames them, :func:`~kdtree_gpu.scenes.as_scene`).
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from typing import Optional
 
 import numpy as np
 
-from .mesh import validate_mesh
-
-
-@dataclasses.dataclass(frozen=True)
-class SceneCamera:
-    """A suggested pinhole camera (the fields of ``kdtree_gpu.render_scene.Camera``)."""
-
-    position: tuple
-    look_at: tuple
-    up: tuple = (0.0, 1.0, 0.0)
-    vfov_degrees: float = 40.0
-
-
-@dataclasses.dataclass(eq=False)
-class Scene:
-    """A triangle mesh with optional materials and a camera suggestion.
-
-    Attributes
-    ----------
-    name : str
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
-    tri_material : (num_triangles,) int32 or None
-        Material id of every triangle (index into the material table).
-    material_albedo : (num_materials, 3) float32 or None
-        Diffuse reflectance, linear RGB in [0, 1].
-    material_emission : (num_materials, 3) float32 or None
-        Emitted radiance, linear RGB (0 for non-emitters).
-    material_names : tuple of str
-    camera : SceneCamera or None
-    """
-
-    name: str
-    vertices: np.ndarray
-    faces: np.ndarray
-    tri_material: Optional[np.ndarray] = None
-    material_albedo: Optional[np.ndarray] = None
-    material_emission: Optional[np.ndarray] = None
-    material_names: tuple = ()
-    camera: Optional[SceneCamera] = None
-
-    def __post_init__(self):
-        self.vertices, self.faces = validate_mesh(self.vertices, self.faces)
-        if self.tri_material is not None:
-            self.tri_material = np.ascontiguousarray(self.tri_material, dtype=np.int32)
-            self.material_albedo = np.ascontiguousarray(self.material_albedo, dtype=np.float32)
-            self.material_emission = np.ascontiguousarray(self.material_emission, dtype=np.float32)
-            if self.tri_material.shape != (self.faces.shape[0],):
-                raise ValueError(f"tri_material must have shape ({self.faces.shape[0]},), "
-                                 f"got {self.tri_material.shape}")
-            num_materials = self.material_albedo.shape[0]
-            if self.material_emission.shape != (num_materials, 3) or \
-                    self.material_albedo.shape != (num_materials, 3):
-                raise ValueError("material_albedo and material_emission must both have shape "
-                                 "(num_materials, 3)")
-            if self.tri_material.min() < 0 or self.tri_material.max() >= num_materials:
-                raise ValueError(f"tri_material ids must lie in [0, {num_materials})")
-
-    @property
-    def material(self) -> Optional[np.ndarray]:
-        """Alias of :attr:`tri_material`."""
-        return self.tri_material
-
-    @property
-    def num_triangles(self) -> int:
-        return int(self.faces.shape[0])
-
-    def arrays(self):
-        """``(vertices, faces)``, e.g. for ``kdtree_gpu.build(*scene.arrays())``."""
-        return self.vertices, self.faces
+from ..mesh import validate_mesh
+from .scene import Camera, Scene, SceneError
 
 
 # --- building blocks ------------------------------------------------------------------
@@ -168,9 +99,10 @@ def _cornell_scene(name, builder):
     V, F, M = builder.build()
     albedo = np.array([m[1] for m in CORNELL_MATERIALS], np.float32)
     emission = np.array([m[2] for m in CORNELL_MATERIALS], np.float32)
-    camera = SceneCamera(position=(0.0, 1.0, 3.9), look_at=(0.0, 1.0, 0.0), up=(0.0, 1.0, 0.0),
-                         vfov_degrees=40.0)
-    return Scene(name, V, F, M, albedo, emission, tuple(m[0] for m in CORNELL_MATERIALS), camera)
+    camera = Camera(position=(0.0, 1.0, 3.9), look_at=(0.0, 1.0, 0.0), up=(0.0, 1.0, 0.0),
+                    vfov_degrees=40.0)
+    return Scene(V, F, M, albedo, emission, camera=camera, name=name,
+                 material_names=tuple(m[0] for m in CORNELL_MATERIALS))
 
 
 def cornell_box() -> Scene:
@@ -225,11 +157,13 @@ def cornell_box_with(vertices, faces, size: float = 1.2) -> Scene:
     return _cornell_scene("cornell_with_mesh", builder)
 
 
-def icosphere(subdivisions: int = 3, radius: float = 1.0) -> Scene:
+def icosphere(subdivisions: int = 3, radius: float = 1.0, inward: bool = False) -> Scene:
     """A sphere made by subdividing an icosahedron; ``20 * 4**subdivisions`` triangles.
 
     Closed and watertight (edges are shared, vertices are not duplicated);
-    normals point outward.
+    normals ``(v1 - v0) x (v2 - v0)`` point outward, or to the center with
+    ``inward=True`` (the same triangles wound the other way, as the
+    furnace needs them).
     """
     if not isinstance(subdivisions, int) or subdivisions < 0 or subdivisions > 8:
         raise ValueError(f"subdivisions must be an integer in [0, 8], got {subdivisions!r}")
@@ -261,7 +195,10 @@ def icosphere(subdivisions: int = 3, radius: float = 1.0) -> Scene:
             ab, bc, ca = middle(a, b), middle(b, c), middle(c, a)
             new_faces += [(a, ab, ca), (b, bc, ab), (c, ca, bc), (ab, bc, ca)]
         F = new_faces
-    return Scene(f"icosphere{subdivisions}", np.array(V) * radius, np.array(F, np.int32))
+    faces = np.array(F, np.int32)
+    if inward:
+        faces = np.ascontiguousarray(faces[:, ::-1])
+    return Scene(np.array(V) * radius, faces, name=f"icosphere{subdivisions}")
 
 
 def random_soup(n: int = 10_000, seed: int = 0, box_size: float = 1.0,
@@ -283,7 +220,7 @@ def random_soup(n: int = 10_000, seed: int = 0, box_size: float = 1.0,
     rng = np.random.default_rng(seed)
     centre = rng.random((n, 1, 3)) * box_size
     corners = centre + rng.normal(scale=triangle_size, size=(n, 3, 3))
-    return Scene(f"soup{n}", corners.reshape(-1, 3), np.arange(3 * n).reshape(n, 3))
+    return Scene(corners.reshape(-1, 3), np.arange(3 * n).reshape(n, 3), name=f"soup{n}")
 
 
 def quad_grid(n: int = 16, layers: int = 3, spacing: float = 1.0,
@@ -320,29 +257,30 @@ def quad_grid(n: int = 16, layers: int = 3, spacing: float = 1.0,
             ids = base + 4 * np.arange(u.size)[:, None]
             faces.append(np.concatenate([ids + [0, 1, 2], ids + [0, 2, 3]]))
             vertices.append(quad.reshape(-1, 3))
-    return Scene(f"quads{n}x{layers}", np.concatenate(vertices), np.concatenate(faces))
+    return Scene(np.concatenate(vertices), np.concatenate(faces), name=f"quads{n}x{layers}")
 
 
-SCENES = {
-    "cornell": cornell_box,
-    "icosphere": icosphere,
-    "soup": random_soup,
-    "quads": quad_grid,
-}
+def furnace_scene(albedo: float = 0.5, emission: float = 1.0, subdivisions: int = 1) -> Scene:
+    """The white furnace: inside a closed sphere whose every triangle emits and reflects.
 
+    Every point sees ``Le + albedo * L`` in every direction, so the exact
+    radiance everywhere is ``L = emission / (1 - albedo)``; a path tracer
+    without a depth limit must reproduce it (Russian roulette included).
 
-def scene_by_name(name: str, **kwargs) -> Scene:
-    """Build a built-in scene by name: ``"cornell"``, ``"icosphere"``, ``"soup"``, ``"quads"``.
+    Parameters
+    ----------
+    albedo : float in [0, 1)
+    emission : float > 0
+    subdivisions : int
+        Of the :func:`icosphere` (wound inward: its front faces emit).
 
-    Keyword arguments are passed to the scene's function.
-
-    Raises
-    ------
-    ValueError
-        Unknown name (the message lists the known ones).
+    Returns
+    -------
+    Scene
     """
-    try:
-        factory = SCENES[name]
-    except (KeyError, TypeError):
-        raise ValueError(f"unknown scene {name!r}; built-in scenes: {', '.join(SCENES)}") from None
-    return factory(**kwargs)
+    if not (0.0 <= albedo < 1.0):
+        raise SceneError(f"furnace albedo must be in [0, 1), got {albedo!r}")
+    V, F = icosphere(int(subdivisions), inward=True).arrays()
+    camera = Camera(position=(0.1, 0.05, -0.2), look_at=(0.3, -0.1, -1.0), vfov_degrees=70)
+    return Scene(V, F, np.zeros(len(F), np.int32), [[albedo] * 3], [[emission] * 3], camera=camera,
+                 name=f"furnace (albedo {albedo:g})")

@@ -1,36 +1,10 @@
-"""Tests of kdtree_gpu.scenes: built-in procedural scenes."""
+"""Built-in procedural scenes (kdtree_gpu.scenes.builtin)."""
 
 import numpy as np
 import pytest
 import trimesh
 
 from kdtree_gpu import scenes
-from kdtree_gpu.mesh import degenerate_mask, prepare_mesh
-from kdtree_gpu.tree.check import check_tree
-
-ALL_SCENES = [
-    ("cornell", {}),
-    ("icosphere", {"subdivisions": 2}),
-    ("soup", {"n": 500, "seed": 3}),
-    ("quads", {"n": 4, "layers": 2}),
-]
-
-
-@pytest.mark.parametrize("name, kwargs", ALL_SCENES)
-def test_scenes_are_valid_and_deterministic(name, kwargs):
-    a = scenes.scene_by_name(name, **kwargs)
-    b = scenes.scene_by_name(name, **kwargs)
-    assert a.vertices.dtype == np.float32 and a.faces.dtype == np.int32
-    np.testing.assert_array_equal(a.vertices, b.vertices)
-    np.testing.assert_array_equal(a.faces, b.faces)
-    prepare_mesh(a.vertices, a.faces)
-    assert not degenerate_mask(a.vertices, a.faces).any()
-
-
-def test_scene_trees_pass_the_checks(make_tree):
-    for name, kwargs in ALL_SCENES:
-        scene = scenes.scene_by_name(name, **kwargs)
-        check_tree(make_tree(*scene.arrays()))
 
 
 def test_cornell_box_layout():
@@ -157,16 +131,39 @@ def test_soup_and_quads():
     assert np.all(flat == 1)  # every triangle is flat on exactly one axis
 
 
-def test_unknown_scene_lists_names():
-    with pytest.raises(ValueError, match="cornell, icosphere, soup, quads"):
-        scenes.scene_by_name("teapot")
+def test_icosphere_is_closed_and_wound_inward():
+    V, F = scenes.icosphere(2, inward=True).arrays()
+    assert len(F) == 20 * 16
+    # every edge is shared by exactly two triangles, in opposite directions
+    edges = np.concatenate([F[:, [0, 1]], F[:, [1, 2]], F[:, [2, 0]]])
+    assert len({tuple(e) for e in edges.tolist()}) == len(edges)
+    assert {tuple(e[::-1]) for e in edges.tolist()} == {tuple(e) for e in edges.tolist()}
+    P = V[F].astype(np.float64)
+    normal = np.cross(P[:, 1] - P[:, 0], P[:, 2] - P[:, 0])
+    assert np.all(np.sum(normal * P.mean(axis=1), axis=1) < 0)
+    # the same triangles as the outward sphere, wound the other way
+    outward = scenes.icosphere(2)
+    np.testing.assert_array_equal(V, outward.vertices)
+    np.testing.assert_array_equal(F, outward.faces[:, ::-1])
+
+
+def test_furnace_is_a_closed_emitting_sphere_seen_from_inside():
+    furnace = scenes.furnace_scene(0.25, emission=2.0, subdivisions=2)
+    assert furnace.num_triangles == 320 and furnace.has_materials
+    np.testing.assert_array_equal(furnace.material_albedo, [[0.25] * 3])
+    np.testing.assert_array_equal(furnace.material_emission, [[2.0] * 3])
+    assert not furnace.tri_material.any()
+    assert np.linalg.norm(furnace.camera.position) < 1  # inside the unit sphere
+    assert closed_parts(furnace.vertices, furnace.faces)[0] < 0  # wound inward
+    with pytest.raises(scenes.SceneError, match="albedo"):
+        scenes.furnace_scene(1.0)
 
 
 def load_writer():
     import importlib.util
     from pathlib import Path
 
-    path = Path(__file__).resolve().parents[2] / "meshes" / "write_cornell_box.py"
+    path = Path(__file__).resolve().parents[3] / "meshes" / "write_cornell_box.py"
     spec = importlib.util.spec_from_file_location("write_cornell_box", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
