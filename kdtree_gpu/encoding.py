@@ -151,6 +151,8 @@ RAY_KIND_BITS = 3
 # --- path tracer ---------------------------------------------------------------
 # Shadow rays stop this fraction short of the light point.
 SHADOW_TMAX_SCALE = np.float32(1.0 - 1e-4)
+# 1 / pi in float32: the Lambertian BSDF and its cosine-weighted pdf
+INV_PI = np.float32(0.3183098861837907)
 
 # --- sentinels -----------------------------------------------------------------
 NO_HIT = -1  # triangle id of a ray that hit nothing (its t is +inf)

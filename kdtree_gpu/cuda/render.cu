@@ -10,7 +10,6 @@
 // Random numbers: kd_uniform(key, salt) = 24 high bits of pcg(key + salt),
 // bit-identical to kdtree_gpu.render.sampling.uniform_from_key.
 
-#define KD_INV_PI 0.31830988618379067f
 
 __device__ __forceinline__ unsigned int kd_pcg(unsigned int x)
 {

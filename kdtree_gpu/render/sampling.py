@@ -11,11 +11,10 @@ batched into passes.
 
 from __future__ import annotations
 
-import math
 
 import numpy as np
 
-INV_PI = 1.0 / math.pi
+from ..encoding import INV_PI  # noqa: F401  (float32 1/pi, the kernels' KD_INV_PI)
 
 # Random-number dimensions within one depth (16 slots per depth).
 DIMS_PER_DEPTH = 16
