@@ -11,7 +11,6 @@ batched into passes.
 
 from __future__ import annotations
 
-
 import numpy as np
 
 from ..encoding import INV_PI  # noqa: F401  (float32 1/pi, the kernels' KD_INV_PI)
