@@ -115,8 +115,8 @@ def validate_mesh(vertices, faces):
         bad = ~np.isfinite(V)
         if bad.any():
             row = int(np.argwhere(bad)[0][0])
-            kind = "NaN" if np.isnan(V[row]).any() else "infinite"
-            raise MeshError(f"vertex {row} has a {kind} coordinate: {V[row].tolist()}")
+            kind = "a NaN" if np.isnan(V[row]).any() else "an infinite"
+            raise MeshError(f"vertex {row} has {kind} coordinate: {V[row].tolist()}")
     # "+ 0" turns -0.0 into +0.0: event sorts compare bit patterns, and a
     # negative zero would sort apart from a positive one at the same position.
     V32 = np.ascontiguousarray(V, dtype=np.float32) + np.float32(0.0)

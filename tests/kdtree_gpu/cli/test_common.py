@@ -1,0 +1,162 @@
+"""What the commands share (kdtree_gpu.cli.common): the exit-code rule, device names,
+one-line errors, inputs, the progress bar."""
+
+from __future__ import annotations
+
+import pytest
+
+from kdtree_gpu.cli import common
+from kdtree_gpu.device import gpu_available
+
+BAD_MESH_KINDS = ["empty", "garbage", "nan", "inf", "degenerate", "overflow"]
+
+
+def command_line(command, mesh, tmp_path):
+    """``command`` run on ``mesh`` with the least work (``--device cpu``)."""
+    extra = {"build": ["-o", tmp_path / "out.kdt"], "verify": ["--rays", "100"],
+             "render": ["-o", tmp_path / "out.png", "--size", "4", "--spp", "1"],
+             "bench": ["--no-scenes", "--repeat", "1", "--rays", "10"]}[command]
+    return [command, mesh, *extra, "--device", "cpu"]
+
+
+# --- the exit-code rule ------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", BAD_MESH_KINDS)
+@pytest.mark.parametrize("command", ["build", "verify", "render", "bench"])
+def test_one_bad_mesh_is_an_input_error_from_every_command(run_cli, cli_helpers, bad_meshes,
+                                                           tmp_path, command, kind):
+    path, words = bad_meshes[kind]
+    code, out, err = run_cli(*command_line(command, path, tmp_path))
+    assert code == 2, out + err
+    cli_helpers.assert_one_line_error(err, words, path.name)
+    assert len(err.splitlines()) == 1
+    assert err.count(path.name) == 1, "the file is named once"
+    assert "FAIL" not in out and "PASS" not in out
+    assert not (tmp_path / "out.kdt").exists() and not (tmp_path / "out.png").exists()
+
+
+def test_no_numpy_warning_reaches_the_user(tmp_path, bad_meshes):
+    # in-process runs hand warnings to pytest; a real process shows what a user sees
+    import subprocess
+    import sys
+
+    path, _ = bad_meshes["overflow"]
+    proc = subprocess.run([sys.executable, "-m", "kdtree_gpu", "build", str(path), "-o",
+                           str(tmp_path / "o.kdt")], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"kdtree-gpu: error: {path}: vertex "), lines
+    assert "overflows float32" in lines[0]
+
+
+def test_errors_name_their_subject_once():
+    assert common.about("a.ply", "all 3 triangles are degenerate") == \
+        "a.ply: all 3 triangles are degenerate"
+    assert common.about("a.ply", "a.ply: cannot read as a mesh") == "a.ply: cannot read as a mesh"
+
+
+def test_exit_status_follows_the_rule():
+    from kdtree_gpu.mesh import MeshError
+    from kdtree_gpu.tree import TreeFileError
+
+    for exc in (common.CliError("x"), MeshError("x"), TreeFileError("x"),
+                FileNotFoundError(2, "No such file", "x.ply")):
+        assert common.exit_status(exc) == common.EXIT_USAGE
+    for exc in (RuntimeError("kernel failed"), MemoryError(), ValueError("a bug")):
+        assert common.exit_status(exc) == common.EXIT_FAILURE
+
+
+# --- device names ---------------------------------------------------------------------
+
+DEVICE_COMMANDS = {
+    "build": lambda tmp, mesh: ["build", mesh, "-o", tmp / "t.kdt"],
+    "verify": lambda tmp, mesh: ["verify", mesh, "--rays", "200"],
+    "render": lambda tmp, mesh: ["render", mesh, "-o", tmp / "x.png", "--size", "4", "--spp",
+                                 "1"],
+    "bench": lambda tmp, mesh: ["bench", mesh, "--no-scenes", "--repeat", "1", "--rays", "10",
+                                "--builders", "reference"],
+    "demo": lambda tmp, mesh: ["demo", "-o", tmp / "d.png", "--size", "4", "--spp", "1"],
+}
+
+
+@pytest.mark.parametrize("command", DEVICE_COMMANDS)
+@pytest.mark.parametrize("name", ["cpu", "CPU", "auto"])
+def test_every_command_takes_the_device_names(run_cli, boxes_ply, tmp_path, command, name):
+    if name == "auto" and gpu_available():
+        pytest.skip("auto means the GPU here (the GPU tests cover it)")
+    code, out, err = run_cli(*DEVICE_COMMANDS[command](tmp_path, boxes_ply), "--device", name)
+    assert code == 0, out + err
+
+
+@pytest.mark.skipif(gpu_available(), reason="needs a machine without a usable GPU")
+@pytest.mark.parametrize("command", DEVICE_COMMANDS)
+@pytest.mark.parametrize("name", ["gpu", "cuda", "cuda:0", "cuda:3"])
+def test_a_gpu_name_without_a_gpu_is_the_same_one_line_error(run_cli, cli_helpers, boxes_ply,
+                                                             tmp_path, command, name):
+    code, _, err = run_cli(*DEVICE_COMMANDS[command](tmp_path, boxes_ply), "--device", name)
+    assert code == 2
+    cli_helpers.assert_one_line_error(err, f"--device {name}: no usable CUDA GPU",
+                                      "use --device cpu or auto")
+    assert not list(tmp_path.glob("*.kdt")) and not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
+def test_a_gpu_number_the_machine_lacks_is_a_one_line_error(run_cli, cli_helpers, boxes_ply,
+                                                            tmp_path):
+    code, _, err = run_cli("build", boxes_ply, "-o", tmp_path / "t.kdt", "--device", "cuda:99")
+    assert code == 2
+    cli_helpers.assert_one_line_error(err, "--device cuda:99", "no CUDA device 99")
+
+
+# --- inputs ---------------------------------------------------------------------------------
+
+def test_a_missing_name_lists_the_places_and_the_scenes(tmp_path, monkeypatch):
+    monkeypatch.setenv("KDTREE_GPU_MESH_DIR", str(tmp_path))
+    inputs, errors = common.resolve_mesh_inputs(["cornel"])
+    assert inputs == [] and [spec for spec, _ in errors] == ["cornel"]
+    assert str(tmp_path / "cornel.ply") in errors[0][1] and "cornell" in errors[0][1]
+    inputs, errors = common.resolve_mesh_inputs(["cornell", str(tmp_path / "none.ply")])
+    assert [i.scene for i in inputs] == ["cornell"]
+    assert "none.ply" in errors[0][1] and "built-in scenes" not in errors[0][1]
+
+
+# --- the progress bar -------------------------------------------------------------------------
+
+class FakeTerminal:
+    def __init__(self, tty):
+        self.tty, self.text = tty, ""
+
+    def isatty(self):
+        return self.tty
+
+    def write(self, text):
+        self.text += text
+
+    def flush(self):
+        pass
+
+
+def test_progress_bar_redraws_on_a_terminal_and_writes_lines_elsewhere():
+    terminal = FakeTerminal(tty=True)
+    bar = common.ProgressBar(4, enabled=True, stream=terminal, width=8)
+    bar.show(2, "mesh")
+    assert terminal.text == "[####....] 2/4 mesh"
+    bar.clear()
+    assert terminal.text.endswith("\r" + " " * len("[####....] 2/4 mesh") + "\r")
+    log = FakeTerminal(tty=False)
+    bar = common.ProgressBar(2, enabled=True, stream=log, width=4)
+    bar.show(1, "a")
+    bar.clear()
+    bar.show(2, "done")
+    assert log.text == "[##..] 1/2 a\n[####] 2/2 done\n"
+    quiet = FakeTerminal(tty=True)
+    common.ProgressBar(2, enabled=False, stream=quiet).show(1, "x")
+    assert quiet.text == ""
+
+
+def test_progress_bar_shows_the_share_of_the_current_step():
+    terminal = FakeTerminal(tty=True)
+    bar = common.ProgressBar(2, enabled=True, stream=terminal, width=8)
+    bar.show(1, "dragon", fraction=0.5)
+    assert terminal.text == "[######..] 1/2 dragon 50%"
