@@ -54,7 +54,7 @@ def _as_mesh_arrays(vertices, faces):
 
 def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto",
           profile: bool = False, kernels: Optional[str] = None,
-          settings: Optional[GpuSettings] = None) -> KdTree:
+          settings: Optional[GpuSettings] = None, progress=None) -> KdTree:
     """Build a full-SAH kd-tree.
 
     Parameters
@@ -81,6 +81,10 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
     settings : GpuSettings, optional
         How the GPU drivers run their levels (tests use it to reach every
         path); the default is what the measurements chose.
+    progress : callable, optional
+        Called with the fraction done (0 to 1) during long builds of the
+        reference builder (the command line draws its bar with it); GPU
+        builds take milliseconds and do not call it.
 
     Returns
     -------
@@ -120,7 +124,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
         raise ValueError(f"too many triangles: {np.shape(faces)[0]} (at most {MAX_TRIANGLES})")
     start = time.perf_counter()
     if kernels == "reference":
-        tree = _build_reference(vertices, faces, cfg)
+        tree = _build_reference(vertices, faces, cfg, progress)
     else:
         with dev.use(), (Profiler() if profile else contextlib.nullcontext()) as prof:
             tree = _build_levels(vertices, faces, cfg, dev, kernels, settings)
@@ -143,10 +147,10 @@ def _build_device(device, vertices, faces):
     return resolve_device(device)
 
 
-def _build_reference(vertices, faces, cfg) -> KdTree:
+def _build_reference(vertices, faces, cfg, progress=None) -> KdTree:
     import cpu_reference
 
-    tree = cpu_reference.build(vertices, faces, cfg)
+    tree = cpu_reference.build(vertices, faces, cfg, progress=progress)
     tree.build_info = {"builder": "reference", **{k: v for k, v in tree.build_info.items()
                                                   if k != "builder"}}
     return tree
