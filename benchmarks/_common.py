@@ -77,3 +77,39 @@ def optix_table(peers_dir):
                            "fast_build_ms": num[3], "primary_mrays": num[5],
                            "diffuse_mrays": num[6], "occlusion_mrays": num[7]}
     return table
+
+
+def gpu_slug(name):
+    """``"NVIDIA H200"`` -> ``"h200"``: the file-name label of a device."""
+    words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]
+    return words[0] if words else "gpu"
+
+
+def run_meshes(result, meshes, bench_one, markdown, out, stem):
+    """Benchmark each mesh, saving the JSON after each one; write and print the table.
+
+    ``bench_one(mesh)`` returns the mesh's record; a mesh that fails gets an
+    ``error`` record and the others go on. Writes ``<out>/<stem>.json`` and
+    ``<out>/<stem>.md``.
+    """
+    import json
+    import sys
+
+    import cupy
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    result.setdefault("meshes", [])
+    for mesh in meshes:
+        print(f"# {mesh}", file=sys.stderr, flush=True)
+        try:
+            record = bench_one(mesh)
+        except Exception as exc:  # keep the other meshes' numbers
+            record = {"mesh": mesh, "spec": mesh, "error": f"{type(exc).__name__}: {exc}"}
+        result["meshes"].append(record)
+        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
+        cupy.get_default_memory_pool().free_all_blocks()
+    table = markdown(result)
+    (out / f"{stem}.md").write_text(table)
+    print(table)
+    return 0

@@ -36,7 +36,6 @@ import argparse
 import importlib
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -46,7 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import git_commit, gpu_time_ms, optix_table, utc_now  # noqa: E402
+from _common import (git_commit, gpu_slug, gpu_time_ms, optix_table, run_meshes,  # noqa: E402
+                     utc_now)
 
 DEFAULT_MESHES = ["stanford_bunny", "conference", "stanford_armadillo@sub1",
                   "stanford_armadillo@sub2"]
@@ -163,11 +163,6 @@ def bench_mesh(spec, args, pb, optix):
     return record
 
 
-def gpu_slug(name):
-    words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]
-    return words[0] if words else "gpu"
-
-
 def markdown(result):
     lines = [f"# Time to first hit, {result['device']}", "",
              f"commit `{result['commit']}`, {result['date']}; `kd.build(V, F)` on CuPy arrays, "
@@ -207,30 +202,13 @@ def main(argv=None):
     from kdtree_gpu.device import device_name, require_gpu
 
     require_gpu("bench_first_hit.py")
-    import cupy
-
     pb = importlib.import_module("peer_bench")
     optix = optix_table(args.peers_dir)
     device = device_name("cuda")
     result = {"device": device, "commit": git_commit(), "date": utc_now(),
-              "width": args.width, "height": args.height, "repeats": args.repeats, "meshes": []}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"first_hit_{gpu_slug(device)}"
-    for spec in args.meshes:
-        print(f"# {spec}", file=sys.stderr, flush=True)
-        try:
-            record = bench_mesh(spec, args, pb, optix)
-        except Exception as exc:
-            record = {"spec": spec, "error": f"{type(exc).__name__}: {exc}"}
-        result["meshes"].append(record)
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        cupy.get_default_memory_pool().free_all_blocks()
-    table = markdown(result)
-    (out / f"{stem}.md").write_text(table)
-    print(table)
-    return 0
-
+              "width": args.width, "height": args.height, "repeats": args.repeats}
+    return run_meshes(result, args.meshes, lambda spec: bench_mesh(spec, args, pb, optix),
+                      markdown, args.out, f"first_hit_{gpu_slug(device)}")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -38,11 +38,8 @@ Writes ``traversal_<gpu>.json`` and ``traversal_<gpu>.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import datetime
 import importlib
-import json
 import os
-import re
 import sys
 import time
 from pathlib import Path
@@ -52,7 +49,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import gpu_time_ms, optix_table  # noqa: E402
+from _common import gpu_slug, gpu_time_ms, optix_table, run_meshes, utc_now  # noqa: E402
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -195,8 +192,6 @@ def build_tree(V, F, builder):
 def bench_mesh(name, args, pb):
     import cupy
 
-    from kdtree_gpu.trace import gpu as rg
-
     mesh_name, V, F = pb.load_mesh(str(Path(args.mesh_dir) / f"{name}.ply"))
     t0 = time.perf_counter()
     tree = build_tree(V, F, args.builder)
@@ -250,12 +245,6 @@ def bench_mesh(name, args, pb):
 
 
 # --- report --------------------------------------------------------------------------
-def gpu_slug(name):
-    """``"NVIDIA H200"`` -> ``"h200"``: the file-name label of a device."""
-    words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]
-    return words[0] if words else "gpu"
-
-
 def markdown_table(result):
     optix = result.get("optix", {})
     lines = [f"# GPU kd-tree traversal, {result['device']}",
@@ -301,35 +290,18 @@ def main(argv=None):
     from kdtree_gpu.device import require_gpu
 
     require_gpu("bench_traversal.py")
-    import cupy
-
     from gpu_traversal_check import device_name, git_commit
 
     sys.path.insert(0, str(Path(args.peers_dir).resolve()))
     pb = importlib.import_module("peer_bench")
     device = device_name()
     result = {"device": device, "commit": git_commit(), "optix": optix_table(args.peers_dir),
-              "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-              "width": args.width, "height": args.height, "repeats": args.repeats,
-              "warmup": args.warmup, "light_height_diagonals": LIGHT_HEIGHT,
-              "shadow_eps": SHADOW_EPS, "cpu_count": os.cpu_count(), "meshes": []}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = f"traversal_{gpu_slug(device)}"
-    for name in args.meshes:
-        print(f"# {name}", file=sys.stderr, flush=True)
-        try:
-            record = bench_mesh(name, args, pb)
-        except Exception as exc:
-            record = {"mesh": name, "error": f"{type(exc).__name__}: {exc}"}
-        result["meshes"].append(record)
-        (out / f"{stem}.json").write_text(json.dumps(result, indent=1))
-        cupy.get_default_memory_pool().free_all_blocks()
-    table = markdown_table(result)
-    (out / f"{stem}.md").write_text(table)
-    print(table)
-    return 0
-
+              "date": utc_now(), "width": args.width, "height": args.height,
+              "repeats": args.repeats, "warmup": args.warmup,
+              "light_height_diagonals": LIGHT_HEIGHT, "shadow_eps": SHADOW_EPS,
+              "cpu_count": os.cpu_count()}
+    return run_meshes(result, args.meshes, lambda name: bench_mesh(name, args, pb),
+                      markdown_table, args.out, f"traversal_{gpu_slug(device)}")
 
 if __name__ == "__main__":
     sys.exit(main())

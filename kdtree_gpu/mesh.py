@@ -198,6 +198,7 @@ def prepare_mesh(vertices, faces):
     if not valid.any():
         raise MeshError(f"all {F.shape[0]} triangles are degenerate (zero area); nothing to build")
     bounds = np.stack([tri_lo[valid].min(axis=0), tri_hi[valid].max(axis=0)]).astype(np.float32)
+    check_trace_range(bounds, *smallest_triangle(tri_lo, tri_hi, valid))
     return V, F, tri_lo, tri_hi, valid, bounds
 
 
@@ -258,20 +259,11 @@ def _trimesh_arrays(mesh, where):
 def as_arrays(mesh_or_arrays):
     """Vertex and face arrays of a mesh given in any supported form.
 
-    Parameters
-    ----------
-    mesh_or_arrays : trimesh.Trimesh, trimesh.Scene, (vertices, faces), or any
-        object with ``vertices`` and ``faces`` attributes (e.g. a built-in scene)
-
-    Returns
-    -------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
-
-    Raises
-    ------
-    MeshError
-        Not a triangle mesh, or invalid (see :func:`validate_mesh`).
+    ``mesh_or_arrays`` is a ``trimesh.Trimesh``, a ``trimesh.Scene``, a
+    ``(vertices, faces)`` pair, or any object with ``vertices`` and ``faces``
+    attributes (a built-in scene, say). Returns float32 vertices and int32
+    faces as :func:`validate_mesh` does, and raises :class:`MeshError` for
+    anything that is not a valid triangle mesh.
     """
     try:
         import trimesh
@@ -330,3 +322,80 @@ def load_mesh(path_or_name):
         return validate_mesh(V, F)
     except MeshError as exc:
         raise MeshError(f"{path}: {exc}") from None
+
+
+# --- the range float32 ray tracing can serve ------------------------------------
+def smallest_triangle(tri_lo, tri_hi, valid):
+    """The non-degenerate triangle with the smallest box, by its largest side.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32
+        Triangle boxes (:func:`triangle_bounds`).
+    valid : (num_triangles,) bool
+        False for degenerate triangles, which are skipped.
+
+    Returns
+    -------
+    size : float
+        ``max(tri_hi[i] - tri_lo[i])`` of that triangle (float32 differences);
+        ``inf`` when no triangle is valid.
+    index : int
+        Its index (the lowest on ties), -1 when none is valid.
+    """
+    size = (tri_hi - tri_lo).max(axis=1)
+    size = np.where(valid, size, np.float32(np.inf))
+    if size.size == 0:
+        return float("inf"), -1
+    index = int(np.argmin(size))
+    return float(size[index]), (index if np.isfinite(size[index]) else -1)
+
+
+def check_trace_range(bounds, smallest_size, triangle=None):
+    """Refuse a mesh that float32 ray tracing cannot answer correctly, even scaled.
+
+    Rays meet triangles in scaled space (:mod:`kdtree_gpu.trace.scale`): the
+    root box's largest absolute coordinate ``M`` becomes about 1 there, and
+    a triangle of size ``h`` has edge functions of about ``(h * s)**2``.
+    Both builders call this with the root box before building (the CPU
+    builders through :func:`prepare_mesh`, the GPU builder with the box and
+    the smallest triangle it reduced on the device).
+
+    Parameters
+    ----------
+    bounds : (2, 3) array_like of float
+        The root box (union of the non-degenerate triangles' boxes).
+    smallest_size : float
+        The largest side of the smallest non-degenerate triangle's box
+        (:func:`smallest_triangle`).
+    triangle : int, optional
+        That triangle's index, named in the message.
+
+    Raises
+    ------
+    MeshError
+        ``M`` outside ``[2**-100, 2**100)`` (about 7.9e-31 to 1.3e30), or a
+        triangle smaller than ``2**-40 / s`` with ``s`` the trace scale (about
+        1e-12 times ``M``). The message names the problem and the usable range.
+    """
+    from .trace.scale import MAX_COORDINATE, MIN_COORDINATE, MIN_SCALED_TRIANGLE, trace_scale
+
+    box = np.asarray(bounds, dtype=np.float32).reshape(2, 3)
+    largest = float(np.max(np.abs(box)))
+    if not (MIN_COORDINATE <= largest < MAX_COORDINATE):
+        raise MeshError(
+            f"the mesh's largest absolute coordinate is {largest:.6g}, outside the range float32 "
+            f"ray tracing serves: [2^-100, 2^100), about [{MIN_COORDINATE:.3g}, "
+            f"{MAX_COORDINATE:.3g}); scale the mesh into it")
+    scale = float(trace_scale(box))
+    min_size = MIN_SCALED_TRIANGLE / scale
+    if smallest_size < min_size:
+        which = f"triangle {triangle}" if triangle is not None and triangle >= 0 else "a triangle"
+        raise MeshError(
+            f"{which} is too small for float32 ray tracing beside the mesh's largest coordinate "
+            f"{largest:.6g}: the largest side of its box is {smallest_size:.6g}; usable triangle "
+            f"sizes at this scale are >= {min_size:.6g} (2^-40 of {1 / scale:.6g}, the power "
+            f"of two above the largest coordinate), below that their edge functions underflow; "
+            f"remove such triangles or trace the small parts as a mesh of their own")
+
+__all__ += ["check_trace_range", "smallest_triangle"]

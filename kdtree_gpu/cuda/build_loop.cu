@@ -113,7 +113,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                      KdEvents start_events, KdRefs start_refs, KdNodes start_nodes,
                      KdLevelSizes start,  // the level to start from (read only)
                      KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes,  // two levels
-                     KdLevelScratch scratch,  // per-level scratch, sized by the capacities
+                     KdLevelScratch s,  // the level's scratch arrays, sized by the capacities
                      long long* block_sum,    // (3, gridDim.x)
                      KdTreeNodes out, int* leaf_tris,  // the tree
                      KdLoopCapacity cap, KdLoopSettings cfg,
@@ -125,23 +125,6 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
     const int longest_only = cfg.longest_only;
     const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
     const double empty_bonus = cfg.empty_bonus;
-    long long* open_close_ex = scratch.open_close_ex;
-    unsigned long long* seg_min_cost = scratch.seg_min_cost;
-    unsigned long long* seg_best = scratch.seg_best;
-    double* event_cost = scratch.event_cost;
-    signed char* event_side = scratch.event_side;
-    double* best_cost = scratch.best_cost;
-    signed char* best_axis = scratch.best_axis;
-    float* best_pos = scratch.best_pos;
-    signed char* best_side = scratch.best_side;
-    bool* node_split = scratch.node_split;
-    long long* split_leaf = scratch.split_leaf;
-    long long* split_leaf_ex = scratch.split_leaf_ex;
-    unsigned char* ref_class = scratch.ref_class;
-    long long* ref_lr = scratch.ref_lr;
-    long long* ref_lr_ex = scratch.ref_lr_ex;
-    long long* event_lr_ex = scratch.event_lr_ex;
-    long long* child_count = scratch.child_count;
     const float* pos = start_events.event_pos;
     const signed char* kind = start_events.event_kind;
     const int* ref = start_events.event_ref;
@@ -165,59 +148,59 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const int nxt = cur == 0 ? 1 : 0;
         long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
         long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
-        long long* child_ref_count = child_count;
-        long long* child_event_count = child_count + 2 * n + 1;
+        long long* child_ref_count = s.child_count;
+        long long* child_event_count = s.child_count + 2 * n + 1;
         const int level_active = level < max_depth;
         const long long num_items = num_refs > num_events ? num_refs : num_events;
 
         // compute_split_costs (R5-R7)
         kd_grid_for(3 * n, [&](long long i) {
             if (i < 3 * n) {
-                seg_min_cost[i] = KD_INF_BITS;
-                seg_best[i] = KD_NO_INDEX;
+                s.seg_min_cost[i] = KD_INF_BITS;
+                s.seg_best[i] = KD_NO_INDEX;
             }
         });
         KdLoadOpenClose open_close = {kind};
         kd_grid_scan_sums(open_close, num_events + 1, sums0);
         grid.sync();
-        kd_grid_scan_finish(open_close, num_events + 1, sums0, open_close_ex);
+        kd_grid_scan_finish(open_close, num_events + 1, sums0, s.open_close_ex);
         grid.sync();
-        KdCostArgs cost = {pos, seg, open_close_ex, seg_event_offset, node_ref_offset, lo, hi,
+        KdCostArgs cost = {pos, seg, s.open_close_ex, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
-                           k_intersect, empty_bonus, event_cost, event_side, seg_min_cost};
+                           k_intersect, empty_bonus, s.event_cost, s.event_side, s.seg_min_cost};
         kd_grid_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
         grid.sync();
         // select_best_splits and decide_leaves (R4, R8)
         kd_grid_for(num_events, [&](long long e) {
-            kd_argmin_event(event_cost, seg, seg_min_cost, num_events, seg_best, e);
+            kd_argmin_event(s.event_cost, seg, s.seg_min_cost, num_events, s.seg_best, e);
         });
         grid.sync();
-        KdSelectArgs select = {seg_best, event_cost, pos, event_side, node_ref_offset, n,
-                               leaf_size, level_active, k_intersect, best_cost, best_axis,
-                               best_pos, best_side, node_split, split_leaf};
+        KdSelectArgs select = {s.seg_best, s.event_cost, pos, s.event_side, node_ref_offset, n,
+                               leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
+                               s.best_pos, s.best_side, s.node_split, s.split_leaf};
         kd_grid_for(n, [&](long long i) { if (i < n) kd_select_node(select, i); });
-        kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) child_count[i] = 0; });
+        kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) s.child_count[i] = 0; });
         grid.sync();
         // classify_triangles (R9), beside the first half of the scan of the
         // (split, leaf count) values
-        KdClassifyArgs classify = {tri, node, ref, best_axis, best_pos, best_side, node_split,
-                                   tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
-                                   nullptr};
+        KdClassifyArgs classify = {tri, node, ref, s.best_axis, s.best_pos, s.best_side,
+                                   s.node_split, tri_lo, tri_hi, num_refs, num_events,
+                                   s.ref_class, s.ref_lr, nullptr};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
-        kd_grid_scan_sums(KdLoadArray{split_leaf}, n + 1, sums0);
+        kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();
         // route_refs and route_events: the flag scans, the child counts and
         // the scans of the child counts into the children's offsets
-        kd_grid_scan_finish(KdLoadArray{split_leaf}, n + 1, sums0, split_leaf_ex);
-        kd_grid_scan_sums(KdLoadArray{ref_lr}, num_refs + 1, sums1);
-        const KdLoadEventLR event_lr = {ref, ref_class};
+        kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
+        kd_grid_scan_sums(KdLoadArray{s.ref_lr}, num_refs + 1, sums1);
+        const KdLoadEventLR event_lr = {ref, s.ref_class};
         kd_grid_scan_sums(event_lr, num_events + 1, sums2);
         grid.sync();
-        kd_grid_scan_finish(KdLoadArray{ref_lr}, num_refs + 1, sums1, ref_lr_ex);
-        kd_grid_scan_finish(event_lr, num_events + 1, sums2, event_lr_ex);
+        kd_grid_scan_finish(KdLoadArray{s.ref_lr}, num_refs + 1, sums1, s.ref_lr_ex);
+        kd_grid_scan_finish(event_lr, num_events + 1, sums2, s.event_lr_ex);
         grid.sync();
-        KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex,
-                             node_split, split_leaf_ex, n, child_ref_count, child_event_count};
+        KdRouteArgs route = {node_ref_offset, s.ref_lr_ex, seg_event_offset, s.event_lr_ex,
+                             s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
         kd_grid_for(4 * n, [&](long long t) { if (t < 4 * n) kd_child_count(route, t); });
         grid.sync();
         kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
@@ -229,7 +212,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         grid.sync();
         // The next level's sizes: every thread reads the same values and
         // takes the same branch.
-        const long long sl = split_leaf_ex[n];
+        const long long sl = s.split_leaf_ex[n];
         const long long num_split = KD_LOW(sl), num_leaf_refs = KD_HIGH(sl);
         const long long num_child_refs = child_ref_offset[2 * num_split];
         const long long num_child_events = child_event_offset[6 * num_split];
@@ -253,9 +236,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         // emit_level (R10) and make_child_nodes; split_refs and split_events
         float* child_lo = lvl_nodes.node_lo + nxt * 3 * cap_nodes;
         float* child_hi = lvl_nodes.node_hi + nxt * 3 * cap_nodes;
-        KdEmitArgs emit = {node_split, best_axis, best_pos, split_leaf_ex, lo, hi, n, level_base,
-                           leaf_ref_base, out.node_axis, out.node_split, out.node_child,
-                           out.node_count, child_lo, child_hi};
+        KdEmitArgs emit = {s.node_split, s.best_axis, s.best_pos, s.split_leaf_ex, lo, hi, n,
+                           level_base, leaf_ref_base, out.node_axis, out.node_split,
+                           out.node_child, out.node_count, child_lo, child_hi};
         kd_grid_for(n, [&](long long i) { kd_emit_node(emit, i); });
         float* child_pos = lvl_events.event_pos + nxt * cap_events;
         signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
@@ -263,9 +246,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         int* child_seg = lvl_events.event_seg + nxt * cap_events;
         int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
         int* child_node = lvl_refs.ref_node + nxt * cap_refs;
-        KdScatterArgs scatter = {tri, node, ref_class, ref_lr_ex, node_ref_offset,
-                                 split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
-                                 event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
+        KdScatterArgs scatter = {tri, node, s.ref_class, s.ref_lr_ex, node_ref_offset,
+                                 s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
+                                 s.event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
                                  child_pos, child_kind, child_ref, child_seg};
         kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..arrays import get_xp
 
 # (float dtype, unsigned dtype of the same width, sign bit)
 _FLOAT_UINT = {
@@ -40,7 +39,6 @@ def float_to_ordered_uint(x):
     ``-0.0`` before ``+0.0`` and a minimum prefers ``-0.0``. NaNs with the
     sign bit clear sort above ``+inf``, with the sign bit set below ``-inf``.
     """
-    xp = get_xp(x)
     try:
         udtype, sign = _FLOAT_UINT[x.dtype]
     except KeyError:
@@ -63,7 +61,6 @@ def ordered_uint_to_float(key):
     -------
     x : (...) float32 (uint32 input) or float64 (uint64 input)
     """
-    xp = get_xp(key)
     for fdtype, (udtype, sign) in _FLOAT_UINT.items():
         if key.dtype == udtype:
             break

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..arrays import get_xp
 from ..launch import launch
-from .keys import _FLOAT_UINT, _from_ordered_key, _to_ordered_key  # noqa: F401
+from .keys import _from_ordered_key, _to_ordered_key
 from .scan import _check_1d, _check_offsets, _scan_dtype, exclusive_scan, segmented_scan
 
 REDUCE_OPS = ("sum", "min", "max")

@@ -27,27 +27,19 @@ def lower_bound(sorted_values, queries):
     index : (q,) int64
         Smallest ``j`` with ``sorted_values[j] >= query`` (``m`` if none).
     """
-    xp = get_xp(sorted_values, queries)
-    _check_1d("sorted_values", sorted_values)
-    return xp.searchsorted(sorted_values, queries, side="left").astype(np.int64, copy=False)
+    return _search(sorted_values, queries, "left")
 
 
 def upper_bound(sorted_values, queries):
-    """Last position where each query could be inserted keeping the order.
+    """Smallest ``j`` with ``sorted_values[j] > query`` (``m`` if none): the last
+    position where each query could be inserted; as :func:`lower_bound`."""
+    return _search(sorted_values, queries, "right")
 
-    Parameters
-    ----------
-    sorted_values : (m,) ascending
-    queries : (q,) same kind
 
-    Returns
-    -------
-    index : (q,) int64
-        Smallest ``j`` with ``sorted_values[j] > query`` (``m`` if none).
-    """
+def _search(sorted_values, queries, side):
     xp = get_xp(sorted_values, queries)
     _check_1d("sorted_values", sorted_values)
-    return xp.searchsorted(sorted_values, queries, side="right").astype(np.int64, copy=False)
+    return xp.searchsorted(sorted_values, queries, side=side).astype(np.int64, copy=False)
 
 
 def _sort_key(keys):
@@ -135,7 +127,7 @@ def compact(mask, *arrays):
     compacted : tuple of (count, ...) arrays
         The kept rows of each array, in input order.
     """
-    xp = get_xp(mask, *arrays)
+    get_xp(mask, *arrays)  # host and device arrays mixed: a TypeError
     index = compact_indices(mask)
     n = mask.shape[0]
     for i, a in enumerate(arrays):

@@ -187,7 +187,7 @@ def read_tree_file(path):
         No such file.
     TreeFileError
         Not a tree file, unsupported version, truncated file, checksum
-        mismatch, or a header that does not describe a tree.
+        mismatch, or arrays the header does not place in the payload.
     """
     path = Path(path)
     with open(path, "rb") as f:

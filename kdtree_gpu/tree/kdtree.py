@@ -299,11 +299,9 @@ def load_tree(path, check: bool = False) -> KdTree:
 
     Raises
     ------
-    FileNotFoundError
-        No such file.
-    TreeFileError
-        Not a tree file, unsupported version, truncated file, checksum
-        mismatch, or a header that does not describe a tree.
+    FileNotFoundError, TreeFileError
+        As :func:`kdtree_gpu.tree.io.read_tree_file`, and a header that does
+        not describe a tree.
     """
     header, arrays = read_tree_file(path)
     try:

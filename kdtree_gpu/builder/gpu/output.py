@@ -8,8 +8,6 @@ to its size on the device (the tree stays there;
 
 from __future__ import annotations
 
-import numpy as np
-
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
 
