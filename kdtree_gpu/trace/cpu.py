@@ -9,12 +9,22 @@ conventions, so that they decide alike.
 Ray conventions
 ---------------
 A ray is ``origin + t * direction`` (``direction`` need not be unit length;
-``t`` is in units of its length). A hit counts when ``tmin <= t <= tmax``.
-Triangles are two-sided. Closest hit returns the smallest ``t`` and, on equal
-``t``, the lowest triangle id (the brute force always; the traversal unless
-the tied triangles sit in leaves it does not reach). A miss is ``t = inf``,
-``tri = -1``, ``u = v = 0``. Barycentrics: ``u`` is the weight of ``v1`` and
-``v`` the weight of ``v2``, so the hit point is ``(1-u-v) v0 + u v1 + v v2``.
+``t`` is in units of its length). A hit counts when ``tmin <= t <= tmax``
+and ``t`` is finite. Triangles are two-sided. Closest hit returns the
+smallest ``t`` and, on equal ``t``, the lowest triangle id (the brute force
+always; the traversal unless the tied triangles sit in leaves it does not
+reach). A miss is ``t = inf``, ``tri = -1``, ``u = v = 0``. Barycentrics:
+``u`` is the weight of ``v1`` and ``v`` the weight of ``v2``, so the hit
+point is ``(1-u-v) v0 + u v1 + v v2``.
+
+Scaled space
+------------
+Traversal and brute force run on coordinates times the trace scale ``s``
+(:func:`kdtree_gpu.trace.scale.trace_scale` of the root box, a power of
+two): vertices, split positions, the root box, ray origins and directions
+are multiplied by ``s`` (exact), ``tmin``, ``tmax``, ``t``, ``u`` and ``v``
+are not. The module docstring of :mod:`kdtree_gpu.trace.scale` is the
+contract both backends follow. Below, every coordinate is a scaled one.
 
 Ray-triangle test (Woop, Benthin and Wald, "Watertight Ray/Triangle
 Intersection", JCGT 2(1), 2013), float32 operation by operation:
@@ -29,8 +39,12 @@ Intersection", JCGT 2(1), 2013), float32 operation by operation:
   all three are recomputed in float64 (the products of float32 values are
   exact there) and rounded back to float32.
 * Hit: ``U, V, W`` all ``>= 0`` or all ``<= 0``, ``det = (U + V) + W != 0``,
-  ``T = (U*Az + V*Bz) + W*Cz`` with ``Az = Sz * A[kz]``, ``t = T / det``;
-  ``u = V / det``, ``v = W / det``.
+  ``T = (U*Az + V*Bz) + W*Cz`` with ``Az = Sz * A[kz]``, ``t = T / det``,
+  ``tmin <= t <= tmax`` and ``|t| != inf``; ``u = V / det``, ``v = W / det``.
+
+No operation is fused or reordered (numba compiles without fast-math, and
+LLVM does not contract ``a * b + c`` into an FMA without it), so each
+rounds exactly as the explicitly rounded CUDA intrinsics do.
 
 Traversal (pbrt's ``KdTreeAggregate``, front to back with a stack): the ray
 is clipped to the root box; at an interior node the split plane's ``t``
@@ -45,6 +59,15 @@ the origin and the root box, divided by ``|d[kz]|``), which covers rounding:
 rays through an edge or vertex on a split plane reach both sides. After a
 leaf the traversal stops when the closest hit ``t <= `` the leaf's ``t_max``:
 every node still on the stack lies beyond it.
+
+The traversal reads a layout made once per tree and kept in its cache
+(:func:`cpu_layout`), the CPU twin of the GPU's packed layout: 8-byte nodes
+(:func:`kdtree_gpu.encoding.pack_nodes`, split positions times ``s``), and
+the scaled vertices of every triangle in one row of 9 floats (one cache
+line or two, where the mesh's indexed vertices take three). Rays are cut
+into chunks of
+:data:`RAY_CHUNK` that the cores take one at a time (numba ``prange`` with a
+chunk size of 1), and each chunk reuses one stack.
 
 The brute-force oracle tests every non-degenerate triangle. To keep it
 usable on 100k rays x 100k triangles, triangles are grouped into clusters of
@@ -63,29 +86,38 @@ import numpy as np
 
 from .. import encoding as enc
 from ..mesh import degenerate_mask
+from .scale import trace_scale
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
-TRAVERSE_EPS = np.float32(2.0 ** -18)
+TRAVERSE_EPS = np.float32(enc.TRAVERSE_EPS)
 CLUSTER_SIZE = 16
 GROUP_SIZE = 16  # clusters per group: a second level of boxes for the brute force
 BRUTE_PAD = 1e-4
-# rays per parallel task: large enough to amortize the stack allocation
-RAY_CHUNK = 256
+# rays per parallel task: large enough to amortize the task and its stack,
+# small enough that the cores share the work of a frame evenly
+RAY_CHUNK = 1024
+BRUTE_CHUNK = 16  # rays per parallel task of the brute force
 
 _F32_INF = np.float32(np.inf)
 _F32_ZERO = np.float32(0.0)
 _F32_ONE = np.float32(1.0)
+_AXIS_MASK = np.int32(enc.PACK_AXIS_MASK)
+_PACK_SHIFT = np.int32(enc.PACK_SHIFT)
+_AXIS_LEAF = np.int32(enc.AXIS_LEAF)
 
 
 # --- the watertight test ------------------------------------------------------
+# Hot helpers take scalars only: passing an array to a numba function costs a
+# reference count update (an atomic operation on memory that every core
+# shares), so the loops below read the arrays themselves.
 @numba.njit(cache=True, error_model="numpy")
-def setup_watertight(o, d):
+def setup_watertight(dx, dy, dz):
     """Per-ray constants of the watertight test.
 
     Parameters
     ----------
-    o, d : (3,) float32
-        Origin and direction.
+    dx, dy, dz : float32
+        The (scaled) direction.
 
     Returns
     -------
@@ -93,7 +125,7 @@ def setup_watertight(o, d):
     sx, sy, sz : float32
         Shear constants (``sz`` is infinite for a zero direction).
     """
-    ax, ay, az = abs(d[0]), abs(d[1]), abs(d[2])
+    ax, ay, az = abs(dx), abs(dy), abs(dz)
     kz = 0
     if ay > ax:
         kz = 1
@@ -101,28 +133,28 @@ def setup_watertight(o, d):
         kz = 2
     kx = 0 if kz == 2 else kz + 1
     ky = 0 if kx == 2 else kx + 1
-    dkz = d[kz]
+    dkz = dx if kz == 0 else (dy if kz == 1 else dz)
     if dkz < _F32_ZERO:
         kx, ky = ky, kx
-    sx = d[kx] / dkz
-    sy = d[ky] / dkz
+    dkx = dx if kx == 0 else (dy if kx == 1 else dz)
+    dky = dx if ky == 0 else (dy if ky == 1 else dz)
+    sx = dkx / dkz
+    sy = dky / dkz
     sz = _F32_ONE / dkz
     return kx, ky, kz, sx, sy, sz
 
 
-@numba.njit(cache=True, error_model="numpy")
-def hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, face, tmin, tmax):
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def hit_triangle(akx, aky, akz, bkx, bky, bkz, ckx, cky, ckz, sx, sy, sz, tmin, tmax):
     """Watertight ray-triangle test of one triangle (two-sided, float32).
 
     Parameters
     ----------
-    o : (3,) float32
-        Ray origin.
-    kx, ky, kz, sx, sy, sz
+    akx, aky, akz, bkx, bky, bkz, ckx, cky, ckz : float32
+        Coordinates ``kx``, ``ky``, ``kz`` of the (scaled) vertices minus those
+        of the (scaled) ray origin: ``A = v0 - o``, ``B = v1 - o``, ``C = v2 - o``.
+    sx, sy, sz : float32
         From :func:`setup_watertight`.
-    vertices : (num_vertices, 3) float32
-    face : (3,) int32
-        Vertex indices of the triangle.
     tmin, tmax : float32
         Accepted interval of ``t``.
 
@@ -133,16 +165,6 @@ def hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, face, tmin, tmax):
         On a hit: ``t`` and the un-normalized edge functions of ``v1`` and
         ``v2`` with their sum ``det`` (``u = edge_v / det``, ``v = edge_w / det``).
     """
-    i0, i1, i2 = face[0], face[1], face[2]
-    akx = vertices[i0, kx] - o[kx]
-    aky = vertices[i0, ky] - o[ky]
-    akz = vertices[i0, kz] - o[kz]
-    bkx = vertices[i1, kx] - o[kx]
-    bky = vertices[i1, ky] - o[ky]
-    bkz = vertices[i1, kz] - o[kz]
-    ckx = vertices[i2, kx] - o[kx]
-    cky = vertices[i2, ky] - o[ky]
-    ckz = vertices[i2, kz] - o[kz]
     # shear and scale so that the ray runs along +z
     ax = akx - sx * akz
     ay = aky - sy * akz
@@ -170,19 +192,10 @@ def hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, face, tmin, tmax):
     cz_ = sz * ckz
     big_t = (u * az_ + v * bz_) + w * cz_
     t = big_t / det
-    if not (t >= tmin and t <= tmax):
+    # a t beyond float32's range (T overflowed) is no hit: hits have a finite t
+    if not (t >= tmin and t <= tmax) or abs(t) == _F32_INF:
         return False, _F32_ZERO, _F32_ZERO, _F32_ZERO, _F32_ONE
     return True, t, v, w, det
-
-
-@numba.njit(cache=True, error_model="numpy")
-def _scene_extent(o, lo, hi):
-    # largest coordinate difference between the origin and the root box: the
-    # scale of every rounding error of this ray
-    e = _F32_ZERO
-    for k in range(3):
-        e = max(e, abs(lo[k] - o[k]), abs(hi[k] - o[k]))
-    return e
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -196,115 +209,209 @@ def _clip_slab(lo, hi, o, inv, t0, t1):
     return True, max(t0, min(ta, tb)), min(t1, max(ta, tb))
 
 
+@numba.njit(cache=True, error_model="numpy")
+def _ray_extent(o, box):
+    # largest coordinate difference between the origin and the root box: the
+    # scale of every rounding error of this ray
+    e = _F32_ZERO
+    for k in range(3):
+        e = max(e, abs(box[0, k] - o[k]), abs(box[1, k] - o[k]))
+    return e
+
+
 # --- kd-tree traversal ------------------------------------------------------------
 @numba.njit(cache=True, error_model="numpy")
-def _trace_ray(node_axis, node_split, node_child, node_count, leaf_tris, lo, hi, vertices, faces,
-               o, d, tmin, tmax, any_hit, stack_node, stack_tn, stack_tf):
-    # returns (tri or -1, t, u, v); for any hit tri is 1 / -1
-    kx, ky, kz, sx, sy, sz = setup_watertight(o, d)
-    if abs(sz) == _F32_INF or not (tmin <= tmax):
-        return -1, _F32_INF, _F32_ZERO, _F32_ZERO
+def _trace_chunk(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
+                 ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v):
+    # Rays begin..end-1, one after the other, with one stack. nodes:
+    # (num_nodes, 2) int32 packed nodes; splits: the same memory as float32.
+    # For any hit, hit_tri is 1 or -1.
+    stack_node = np.empty(stack_size, np.int32)
+    stack_tn = np.empty(stack_size, np.float32)
+    stack_tf = np.empty(stack_size, np.float32)
+    o = np.empty(3, np.float32)
     inv = np.empty(3, np.float32)
-    t0, t1 = tmin, tmax
-    alive = True
-    for k in range(3):
-        inv[k] = _F32_ONE / d[k]
-        inside, t0, t1 = _clip_slab(lo[k], hi[k], o[k], inv[k], t0, t1)
-        alive = alive and inside
-    t_eps = TRAVERSE_EPS * _scene_extent(o, lo, hi) * abs(sz)
-    if not alive or not (t0 <= t1 + t_eps):
-        return -1, _F32_INF, _F32_ZERO, _F32_ZERO
+    for i in range(begin, end):
+        hit_tri[i] = -1
+        hit_t[i] = _F32_INF
+        hit_u[i] = _F32_ZERO
+        hit_v[i] = _F32_ZERO
+        # the ray in scaled space: o * s and d * s are exact (s is a power of two)
+        dx = directions[i, 0] * scale
+        dy = directions[i, 1] * scale
+        dz = directions[i, 2] * scale
+        tmin = ray_tmin[i]
+        tmax = ray_tmax[i]
+        kx, ky, kz, sx, sy, sz = setup_watertight(dx, dy, dz)
+        if abs(sz) == _F32_INF or not (tmin <= tmax):
+            continue
+        t0, t1 = tmin, tmax
+        alive = True
+        for k in range(3):
+            o[k] = origins[i, k] * scale
+            inv[k] = _F32_ONE / (directions[i, k] * scale)
+            inside, t0, t1 = _clip_slab(box[0, k], box[1, k], o[k], inv[k], t0, t1)
+            alive = alive and inside
+        t_eps = TRAVERSE_EPS * _ray_extent(o, box) * abs(sz)
+        if not alive or not (t0 <= t1 + t_eps):
+            continue
+        okx, oky, okz = o[kx], o[ky], o[kz]
+        # bit k set: the direction's component k has its sign bit set (also
+        # -0.0), so the ray meets the right child (upper half) first
+        neg_mask = (1 if np.signbit(dx) else 0) | (2 if np.signbit(dy) else 0) | \
+            (4 if np.signbit(dz) else 0)
 
-    sp = 0
-    node = 0
-    tn, tf = t0, t1
-    best_t = tmax
-    best_tri = -1
-    best_v, best_w, best_det = _F32_ZERO, _F32_ZERO, _F32_ONE
-    while True:
-        # Descend to a leaf, pushing far children that the ray also crosses
-        axis = node_axis[node]
-        while axis != enc.AXIS_LEAF:
-            left = node_child[node]
-            # NaN when the ray lies in the plane: both tests below fail and
-            # both children are visited over the whole interval
-            ts = (node_split[node] - o[axis]) * inv[axis]
-            # a negative direction (sign bit, also -0.0) meets the right child first
-            neg = 1 if (d[axis] < _F32_ZERO or (d[axis] == _F32_ZERO and
-                                                 np.signbit(d[axis]))) else 0
-            first = left + neg
-            second = left + (1 - neg)
-            if ts > tf + t_eps:
-                node = first
-            elif ts < tn - t_eps:
-                node = second
-            else:
-                stack_node[sp] = second
-                stack_tn[sp] = max(ts, tn)
-                stack_tf[sp] = tf
-                sp += 1
-                node = first
-                tf = min(ts, tf)
-            axis = node_axis[node]
+        sp = 0
+        node = 0
+        tn, tf = t0, t1
+        best_t = tmax
+        best_tri = -1
+        best_v, best_w, best_det = _F32_ZERO, _F32_ZERO, _F32_ONE
+        found = False
+        while True:
+            # Descend to a leaf, pushing far children that the ray also crosses
+            word = nodes[node, 1]
+            axis = word & _AXIS_MASK
+            while axis != _AXIS_LEAF:
+                left = word >> _PACK_SHIFT
+                # NaN when the ray lies in the plane: both tests below fail and
+                # both children are visited over the whole interval
+                ts = (splits[node, 0] - o[axis]) * inv[axis]
+                neg = (neg_mask >> axis) & 1
+                first = left + neg
+                second = left + (1 - neg)
+                if ts > tf + t_eps:
+                    node = first
+                elif ts < tn - t_eps:
+                    node = second
+                else:
+                    # fmaxf / fminf, as on the GPU: a NaN ts keeps tn and tf
+                    stack_node[sp] = second
+                    stack_tn[sp] = ts if ts > tn else tn
+                    stack_tf[sp] = tf
+                    sp += 1
+                    node = first
+                    tf = ts if ts < tf else tf
+                word = nodes[node, 1]
+                axis = word & _AXIS_MASK
 
-        # Test the leaf's triangles against the whole ray interval
-        start = node_child[node]
-        for j in range(start, start + node_count[node]):
-            tri = leaf_tris[j]
-            hit, t, ev, ew, det = hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices, faces[tri],
-                                               tmin, tmax if any_hit else best_t)
-            if hit:
-                if any_hit:
-                    return 1, t, _F32_ZERO, _F32_ZERO
-                # equal t: the lowest triangle id wins, as in the brute force
-                if t < best_t or best_tri < 0 or tri < best_tri:
-                    best_t, best_tri, best_v, best_w, best_det = t, tri, ev, ew, det
+            # Test the leaf's triangles against the whole ray interval
+            start = word >> _PACK_SHIFT
+            for j in range(start, start + nodes[node, 0]):
+                tri = tri_ids[j]
+                hit, t, ev, ew, det = hit_triangle(
+                    tris[tri, kx] - okx, tris[tri, ky] - oky, tris[tri, kz] - okz,
+                    tris[tri, 3 + kx] - okx, tris[tri, 3 + ky] - oky, tris[tri, 3 + kz] - okz,
+                    tris[tri, 6 + kx] - okx, tris[tri, 6 + ky] - oky, tris[tri, 6 + kz] - okz,
+                    sx, sy, sz, tmin, tmax if any_hit else best_t)
+                if hit:
+                    if any_hit:
+                        found = True
+                        break
+                    # equal t: the lowest triangle id wins, as in the brute force
+                    if t < best_t or best_tri < 0 or tri < best_tri:
+                        best_t, best_tri, best_v, best_w, best_det = t, tri, ev, ew, det
+            if found:
+                break
 
-        # Stop when the closest hit lies before everything still on the stack
-        if best_tri >= 0 and best_t <= tf:
-            break
-        if sp == 0:
-            break
-        sp -= 1
-        node = stack_node[sp]
-        tn = stack_tn[sp]
-        tf = stack_tf[sp]
-    if best_tri < 0:
-        return -1, _F32_INF, _F32_ZERO, _F32_ZERO
-    return best_tri, best_t, best_v / best_det, best_w / best_det
+            # Stop when the closest hit lies before everything still on the stack
+            if best_tri >= 0 and best_t <= tf:
+                break
+            if sp == 0:
+                break
+            sp -= 1
+            node = stack_node[sp]
+            tn = stack_tn[sp]
+            tf = stack_tf[sp]
+        if found:
+            hit_tri[i] = 1
+        elif best_tri >= 0:
+            hit_tri[i] = best_tri
+            hit_t[i] = best_t
+            hit_u[i] = best_v / best_det
+            hit_v[i] = best_w / best_det
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
-def _trace_rays(node_axis, node_split, node_child, node_count, leaf_tris, bounds, vertices, faces,
-                origins, directions, ray_tmin, ray_tmax, any_hit, stack_size,
-                hit_t, hit_tri, hit_u, hit_v):
+def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
+                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v):
     num_rays = origins.shape[0]
     num_chunks = (num_rays + RAY_CHUNK - 1) // RAY_CHUNK
-    lo, hi = bounds[0], bounds[1]
     for c in numba.prange(num_chunks):
-        stack_node = np.empty(stack_size, np.int32)
-        stack_tn = np.empty(stack_size, np.float32)
-        stack_tf = np.empty(stack_size, np.float32)
-        for i in range(c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK)):
-            tri, t, u, v = _trace_ray(node_axis, node_split, node_child, node_count, leaf_tris,
-                                      lo, hi, vertices, faces, origins[i], directions[i],
-                                      ray_tmin[i], ray_tmax[i], any_hit,
-                                      stack_node, stack_tn, stack_tf)
-            hit_tri[i] = tri
-            hit_t[i] = t
-            hit_u[i] = u
-            hit_v[i] = v
+        _trace_chunk(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
+                     ray_tmax, any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK),
+                     stack_size, hit_t, hit_tri, hit_u, hit_v)
 
 
-def _stack_size(tree) -> int:
-    cached = tree._device_cache.get("cpu_stack_size")
-    if cached is not None and cached[0] is tree.node_axis:
+def pack_triangles(vertices, faces, tri_ids, scale):
+    """The scaled vertices of the listed triangles, one row each.
+
+    Parameters
+    ----------
+    vertices : (num_vertices, 3) float32
+    faces : (num_triangles, 3) int32
+    tri_ids : (num,) int
+    scale : float32
+        The trace scale (a power of two).
+
+    Returns
+    -------
+    (num, 9) float32
+        ``v0 v1 v2`` (x, y, z each) of ``faces[tri_ids]``, times ``scale``.
+    """
+    scaled = vertices * np.float32(scale)
+    return np.ascontiguousarray(scaled[faces[tri_ids]].reshape(-1, 9), dtype=np.float32)
+
+
+class CpuLayout:
+    """A tree's traversal data on the CPU (made once, kept in the tree's cache).
+
+    Attributes
+    ----------
+    scale : float32
+        The trace scale of the root box.
+    box : (2, 3) float32
+        The root box times ``scale``.
+    nodes : (num_nodes, 2) int32
+        Packed nodes (:func:`kdtree_gpu.encoding.pack_nodes`) with split
+        positions times ``scale``.
+    splits : (num_nodes, 2) float32
+        The same memory as ``nodes``, read as float32 (column 0: split).
+    tris : (num_triangles, 9) float32
+        Scaled vertices of every triangle (``v0 v1 v2``, one row each).
+    tri_ids : (num_refs,) int32
+        ``leaf_tris``.
+    stack_size : int
+        Entries of the traversal stack (the tree's depth + 1).
+    """
+
+    def __init__(self, tree):
+        from ..tree.check import walk_levels
+
+        self.scale = trace_scale(tree.bounds)
+        self.box = np.ascontiguousarray(tree.bounds, dtype=np.float32) * self.scale
+        split = (np.asarray(tree.node_split, dtype=np.float32) * self.scale).astype(np.float32)
+        self.nodes = enc.pack_nodes(tree.node_axis, split, tree.node_child, tree.node_count)
+        self.splits = self.nodes.view(np.float32)
+        self.tri_ids = np.ascontiguousarray(tree.leaf_tris, dtype=np.int32)
+        self.tris = pack_triangles(tree.vertices, tree.faces, np.arange(tree.num_triangles),
+                                   self.scale)
+        self.stack_size = int(walk_levels(tree)[0].max()) + 1
+
+
+_LAYOUT_ARRAYS = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "bounds",
+                  "vertices", "faces")
+
+
+def cpu_layout(tree) -> CpuLayout:
+    """The tree's CPU traversal layout, made on first use and cached on the tree."""
+    key = tuple(id(getattr(tree, name)) for name in _LAYOUT_ARRAYS)
+    cached = tree._device_cache.get("cpu_layout")
+    if cached is not None and cached[0] == key:
         return cached[1]
-    from ..tree.check import walk_levels
-
-    size = int(walk_levels(tree)[0].max()) + 1
-    tree._device_cache["cpu_stack_size"] = (tree.node_axis, size)
-    return size
+    layout = CpuLayout(tree)
+    tree._device_cache["cpu_layout"] = (key, layout)
+    return layout
 
 
 def _run_tree(tree, origins, directions, tmin, tmax, any_hit):
@@ -314,9 +421,12 @@ def _run_tree(tree, origins, directions, tmin, tmax, any_hit):
     hit_u = np.empty(num_rays, np.float32)
     hit_v = np.empty(num_rays, np.float32)
     if num_rays:
-        _trace_rays(tree.node_axis, tree.node_split, tree.node_child, tree.node_count,
-                    tree.leaf_tris, tree.bounds, tree.vertices, tree.faces, origins, directions,
-                    tmin, tmax, any_hit, _stack_size(tree), hit_t, hit_tri, hit_u, hit_v)
+        lay = cpu_layout(tree)
+        # chunks go to whichever core is free (the rays of a frame differ in cost)
+        with numba.parallel_chunksize(1):
+            _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
+                        directions, tmin, tmax, any_hit, lay.stack_size, hit_t, hit_tri,
+                        hit_u, hit_v)
     return hit_t, hit_tri, hit_u, hit_v
 
 
@@ -359,19 +469,21 @@ def occluded_cpu(tree, origins, directions, tmin, tmax):
 
 # --- brute force ------------------------------------------------------------------
 @numba.njit(cache=True, error_model="numpy")
-def _ray_meets_box(o64, inv64, box_lo, box_hi, pad, t_lo, t_hi):
-    # float64 slab test against the box grown by pad; True when the ray's
-    # segment [t_lo, t_hi] may touch it
+def _ray_meets_box(ox, oy, oz, ix, iy, iz, lx, ly, lz, hx, hy, hz, pad, t_lo, t_hi):
+    # float64 slab test of the ray (origin o, reciprocal direction i) against
+    # the box [l, h] grown by pad; True when its segment [t_lo, t_hi] may touch it
     t0, t1 = t_lo, t_hi
     for k in range(3):
-        lo_k = np.float64(box_lo[k]) - pad
-        hi_k = np.float64(box_hi[k]) + pad
-        if inv64[k] == np.inf or inv64[k] == -np.inf:
-            if o64[k] < lo_k or o64[k] > hi_k:
+        o = ox if k == 0 else (oy if k == 1 else oz)
+        inv = ix if k == 0 else (iy if k == 1 else iz)
+        lo = (lx if k == 0 else (ly if k == 1 else lz)) - pad
+        hi = (hx if k == 0 else (hy if k == 1 else hz)) + pad
+        if inv == np.inf or inv == -np.inf:
+            if o < lo or o > hi:
                 return False
             continue
-        ta = (lo_k - o64[k]) * inv64[k]
-        tb = (hi_k - o64[k]) * inv64[k]
+        ta = (lo - o) * inv
+        tb = (hi - o) * inv
         if ta > tb:
             ta, tb = tb, ta
         t0 = max(t0, ta)
@@ -379,63 +491,88 @@ def _ray_meets_box(o64, inv64, box_lo, box_hi, pad, t_lo, t_hi):
     return t0 <= t1
 
 
-@numba.njit(cache=True, parallel=True, error_model="numpy")
-def _brute_rays(vertices, faces, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo,
-                group_hi, bounds, origins, directions, ray_tmin, ray_tmax, any_hit, cull,
-                hit_t, hit_tri, hit_u, hit_v):
-    num_rays = origins.shape[0]
+@numba.njit(cache=True, error_model="numpy")
+def _brute_chunk(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, group_hi, box,
+                 scale, origins, directions, ray_tmin, ray_tmax, any_hit, cull, begin, end,
+                 hit_t, hit_tri, hit_u, hit_v):
+    # Rays begin..end-1 against every triangle, in scaled space as the traversal
     num_clusters = cluster_lo.shape[0]
-    num_groups = group_lo.shape[0]
-    for i in numba.prange(num_rays):
-        o, d = origins[i], directions[i]
-        tmin, tmax = ray_tmin[i], ray_tmax[i]
+    o = np.empty(3, np.float32)
+    d = np.empty(3, np.float32)
+    for i in range(begin, end):
         hit_tri[i] = -1
         hit_t[i] = _F32_INF
         hit_u[i] = _F32_ZERO
         hit_v[i] = _F32_ZERO
-        kx, ky, kz, sx, sy, sz = setup_watertight(o, d)
+        for k in range(3):
+            o[k] = origins[i, k] * scale
+            d[k] = directions[i, k] * scale
+        tmin, tmax = ray_tmin[i], ray_tmax[i]
+        kx, ky, kz, sx, sy, sz = setup_watertight(d[0], d[1], d[2])
         if abs(sz) == _F32_INF or not (tmin <= tmax):
             continue
-        o64 = np.empty(3, np.float64)
-        inv64 = np.empty(3, np.float64)
-        for k in range(3):
-            o64[k] = o[k]
-            inv64[k] = 1.0 / np.float64(d[k])
+        okx, oky, okz = o[kx], o[ky], o[kz]
+        ox, oy, oz = np.float64(o[0]), np.float64(o[1]), np.float64(o[2])
+        ix, iy, iz = 1.0 / np.float64(d[0]), 1.0 / np.float64(d[1]), 1.0 / np.float64(d[2])
         dmax = np.float64(max(abs(d[0]), abs(d[1]), abs(d[2])))
-        pad = BRUTE_PAD * np.float64(_scene_extent(o, bounds[0], bounds[1]))
+        pad = BRUTE_PAD * np.float64(_ray_extent(o, box))
         best_t = tmax
         best_tri = -1
         best_v, best_w, best_det = _F32_ZERO, _F32_ZERO, _F32_ONE
-        for g in range(num_groups):
+        done = False
+        for g in range(group_lo.shape[0]):
             limit = np.float64(tmax if any_hit else best_t)
             t_pad = pad / dmax + 1e-5 * (abs(np.float64(tmin)) + abs(limit))
-            if cull and not _ray_meets_box(o64, inv64, group_lo[g], group_hi[g], pad,
-                                           np.float64(tmin) - t_pad, limit + t_pad):
+            if cull and not _ray_meets_box(
+                    ox, oy, oz, ix, iy, iz, np.float64(group_lo[g, 0]),
+                    np.float64(group_lo[g, 1]), np.float64(group_lo[g, 2]),
+                    np.float64(group_hi[g, 0]), np.float64(group_hi[g, 1]),
+                    np.float64(group_hi[g, 2]), pad, np.float64(tmin) - t_pad, limit + t_pad):
                 continue
             for c in range(g * GROUP_SIZE, min(num_clusters, (g + 1) * GROUP_SIZE)):
                 limit = np.float64(tmax if any_hit else best_t)
                 t_pad = pad / dmax + 1e-5 * (abs(np.float64(tmin)) + abs(limit))
-                if cull and not _ray_meets_box(o64, inv64, cluster_lo[c], cluster_hi[c], pad,
-                                               np.float64(tmin) - t_pad, limit + t_pad):
+                if cull and not _ray_meets_box(
+                        ox, oy, oz, ix, iy, iz, np.float64(cluster_lo[c, 0]),
+                        np.float64(cluster_lo[c, 1]), np.float64(cluster_lo[c, 2]),
+                        np.float64(cluster_hi[c, 0]), np.float64(cluster_hi[c, 1]),
+                        np.float64(cluster_hi[c, 2]), pad, np.float64(tmin) - t_pad,
+                        limit + t_pad):
                     continue
                 for j in range(cluster_start[c], cluster_start[c + 1]):
+                    hit, t, ev, ew, det = hit_triangle(
+                        tris[j, kx] - okx, tris[j, ky] - oky, tris[j, kz] - okz,
+                        tris[j, 3 + kx] - okx, tris[j, 3 + ky] - oky, tris[j, 3 + kz] - okz,
+                        tris[j, 6 + kx] - okx, tris[j, 6 + ky] - oky, tris[j, 6 + kz] - okz,
+                        sx, sy, sz, tmin, tmax if any_hit else best_t)
                     tri = tri_ids[j]
-                    hit, t, ev, ew, det = hit_triangle(o, kx, ky, kz, sx, sy, sz, vertices,
-                                                       faces[tri], tmin,
-                                                       tmax if any_hit else best_t)
                     if hit and (t < best_t or best_tri < 0 or tri < best_tri):
                         best_t, best_tri, best_v, best_w, best_det = t, tri, ev, ew, det
                         if any_hit:
+                            done = True
                             break
-                if any_hit and best_tri >= 0:
+                if done:
                     break
-            if any_hit and best_tri >= 0:
+            if done:
                 break
         if best_tri >= 0:
             hit_tri[i] = best_tri
             hit_t[i] = best_t
             hit_u[i] = best_v / best_det
             hit_v[i] = best_w / best_det
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _brute_rays(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, group_hi, box,
+                scale, origins, directions, ray_tmin, ray_tmax, any_hit, cull,
+                hit_t, hit_tri, hit_u, hit_v):
+    num_rays = origins.shape[0]
+    num_chunks = (num_rays + BRUTE_CHUNK - 1) // BRUTE_CHUNK
+    for c in numba.prange(num_chunks):
+        _brute_chunk(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, group_hi,
+                     box, scale, origins, directions, ray_tmin, ray_tmax, any_hit, cull,
+                     c * BRUTE_CHUNK, min(num_rays, (c + 1) * BRUTE_CHUNK),
+                     hit_t, hit_tri, hit_u, hit_v)
 
 
 def cluster_triangles(vertices, faces):
@@ -489,6 +626,11 @@ def cluster_triangles(vertices, faces):
 def brute_cpu(vertices, faces, origins, directions, tmin, tmax, any_hit=False, cull=True):
     """Closest (or any) hit of each ray over every non-degenerate triangle.
 
+    Runs in the scaled space of the traversal: the scale is
+    :func:`kdtree_gpu.trace.scale.trace_scale` of the union of the
+    non-degenerate triangles' boxes, which is the root box of any tree
+    built from the mesh.
+
     Parameters
     ----------
     vertices : (num_vertices, 3) float32, C-contiguous
@@ -506,13 +648,17 @@ def brute_cpu(vertices, faces, origins, directions, tmin, tmax, any_hit=False, c
     t, tri, u, v : (num_rays,) arrays
         As :func:`intersect_cpu`; ties in ``t`` go to the lowest triangle id.
     """
-    clusters = cluster_triangles(vertices, faces)
+    tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, group_hi, bounds = \
+        cluster_triangles(vertices, faces)
+    scale = trace_scale(bounds)
+    tris = pack_triangles(vertices, faces, tri_ids, scale)
     num_rays = origins.shape[0]
     hit_t = np.empty(num_rays, np.float32)
     hit_tri = np.empty(num_rays, np.int32)
     hit_u = np.empty(num_rays, np.float32)
     hit_v = np.empty(num_rays, np.float32)
     if num_rays:
-        _brute_rays(vertices, faces, *clusters, origins, directions, tmin, tmax, any_hit, cull,
-                    hit_t, hit_tri, hit_u, hit_v)
+        _brute_rays(tris, tri_ids, cluster_start, cluster_lo * scale, cluster_hi * scale,
+                    group_lo * scale, group_hi * scale, bounds * scale, scale, origins,
+                    directions, tmin, tmax, any_hit, cull, hit_t, hit_tri, hit_u, hit_v)
     return hit_t, hit_tri, hit_u, hit_v
