@@ -90,13 +90,17 @@ LOOP_STOPPED = 1
 
 # --- summary record of mesh preparation (kd_prepare_triangles) ----------------
 # uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,
-# then the root box minimum and maximum as order-preserving float bits.
+# then minima (the root box minimum, the smallest valid triangle's size) and
+# maxima (the root box maximum), as order-preserving float bits. Slots
+# [SUMMARY_VALID, SUMMARY_LO) are sums, [SUMMARY_LO, SUMMARY_HI) minima,
+# [SUMMARY_HI, SUMMARY_SLOTS) maxima.
 SUMMARY_FLAGS = 0
 SUMMARY_VALID = 1
 SUMMARY_PLANAR = 2  # slots 2, 3, 4
 SUMMARY_LO = 5  # slots 5, 6, 7
-SUMMARY_HI = 8  # slots 8, 9, 10
-SUMMARY_SLOTS = 11
+SUMMARY_MIN_SIZE = 8  # the largest side of the smallest valid triangle's box
+SUMMARY_HI = 9  # slots 9, 10, 11
+SUMMARY_SLOTS = 12
 SUMMARY_BAD_INDEX = 1  # flag bit: a face index out of range
 SUMMARY_BAD_COORD = 2  # flag bit: a non-finite coordinate
 

@@ -308,11 +308,14 @@ kd_prepare_triangles(const float* __restrict__ vertices,
         valid[t] = is_valid;
         if (is_valid) {
             mine[KD_SUMMARY_VALID] = 1;
+            float size = 0.0f;  // the largest side of the box (mesh.smallest_triangle)
             for (int k = 0; k < 3; ++k) {
                 mine[KD_SUMMARY_PLANAR + k] = lo[k] == hi[k];
                 mine[KD_SUMMARY_LO + k] = kd_ordered_bits32(lo[k]);
                 mine[KD_SUMMARY_HI + k] = kd_ordered_bits32(hi[k]);
+                size = fmaxf(size, __fsub_rn(hi[k], lo[k]));
             }
+            mine[KD_SUMMARY_MIN_SIZE] = kd_ordered_bits32(size);
         }
     }
     const unsigned full = 0xffffffffu;

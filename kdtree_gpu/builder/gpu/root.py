@@ -12,7 +12,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...mesh import MeshError, validate_mesh
+from ...mesh import MeshError, check_trace_range, smallest_triangle, validate_mesh
 from ...primitives import inclusive_scan, ordered_uint_to_float
 from ..soa import EventSoA, NodeSoA, RefSoA
 
@@ -94,7 +94,9 @@ def prepare_mesh_cuda(cp, V, F):
     ------
     MeshError
         Out-of-range indices or non-finite coordinates (named by
-        :func:`kdtree_gpu.mesh.validate_mesh`), or no valid triangle.
+        :func:`kdtree_gpu.mesh.validate_mesh`), no valid triangle, or a mesh
+        float32 ray tracing cannot serve (:func:`kdtree_gpu.mesh.check_trace_range`
+        with the box and the smallest triangle reduced on the device).
     """
     from ...arrays import to_numpy
 
@@ -116,8 +118,18 @@ def prepare_mesh_cuda(cp, V, F):
     num_valid = int(host[enc.SUMMARY_VALID])
     if num_valid == 0:
         raise MeshError(f"all {m} triangles are degenerate (zero area); nothing to build")
-    box_bits = host[enc.SUMMARY_LO:enc.SUMMARY_SLOTS].astype(np.uint32)
+    box_bits = np.concatenate([host[enc.SUMMARY_LO:enc.SUMMARY_LO + 3],
+                               host[enc.SUMMARY_HI:enc.SUMMARY_HI + 3]]).astype(np.uint32)
     bounds = ordered_uint_to_float(box_bits).reshape(2, 3).copy()
+    smallest = float(ordered_uint_to_float(host[enc.SUMMARY_MIN_SIZE:enc.SUMMARY_MIN_SIZE + 1]
+                                           .astype(np.uint32))[0])
+    try:
+        check_trace_range(bounds, smallest)
+    except MeshError:
+        # name the triangle: the host recomputes the sizes (error path only)
+        size, index = smallest_triangle(tri_lo.get(), tri_hi.get(), valid.get().astype(bool))
+        check_trace_range(bounds, size, index)
+        raise
     planar = host[enc.SUMMARY_PLANAR:enc.SUMMARY_LO].astype(np.int64)
     # The root level: references numbered by a scan of the valid flags.
     valid_scan = inclusive_scan(valid, description="prepare_mesh: number references")
