@@ -34,6 +34,35 @@ def utc_now() -> str:
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
 
 
+def gpu_time_per_call_ms(fn, calls, repeats, warmup):
+    """Milliseconds per call of ``fn()`` when ``calls`` calls are queued back to back.
+
+    CUDA events around ``calls`` calls (no host synchronization between
+    them), divided by ``calls``; median of ``repeats`` after ``warmup``
+    batches. When the GPU work of a call takes longer than its host work,
+    this is the GPU time of the call: the figure for work that is queued
+    (a renderer, a training loop), and for a kernel alone without the host's
+    launch latency in front of it.
+    """
+    import statistics
+
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    times = []
+    for k in range(warmup + repeats):
+        stream.synchronize()
+        start, end = cupy.cuda.Event(), cupy.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        end.record()
+        end.synchronize()
+        if k >= warmup:
+            times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
+    return statistics.median(times), times
+
+
 def gpu_time_ms(fn, repeats, warmup):
     """Milliseconds of ``fn()`` between two CUDA events, after ``warmup`` calls.
 

@@ -49,7 +49,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import gpu_slug, gpu_time_ms, optix_table, run_meshes, utc_now  # noqa: E402
+from _common import (gpu_slug, gpu_time_ms, gpu_time_per_call_ms, optix_table,  # noqa: E402
+                     run_meshes, utc_now)
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -105,6 +106,8 @@ def make_shadow_rays(vertices, origins, directions, t, tri):
 
 # --- timing ----------------------------------------------------------------------
 time_gpu = gpu_time_ms  # median ms between CUDA events, after warm-up
+time_queued = gpu_time_per_call_ms  # median ms per call of calls queued back to back
+STREAM_CALLS = 20
 
 
 def time_wall(pb, fn, repeats, warmup):
@@ -119,25 +122,32 @@ def time_wall(pb, fn, repeats, warmup):
 def measure_ours(tree, rays, any_hit, args, pb):
     """Mrays/s through the public API and of the kernel alone, and per-ray work counts.
 
-    ``rays`` is ``(origins, directions, tmin, tmax)`` as CuPy arrays (tmin and
-    tmax may be numbers). The public API is what README shows: ``tree.intersect``
-    (or ``tree.occluded``) on CuPy arrays, ``check=True`` (the default: one
-    small read after the launch) and ``check=False``, timed as peer_bench times
-    every peer (wall clock with synchronization). The kernel alone is the
-    traversal launch on the same prepared arrays, between CUDA events.
+    ``rays`` is ``(origins, directions, tmin, tmax)`` as CuPy arrays and
+    numbers. The public API is what README shows: ``tree.intersect`` (or
+    ``tree.occluded``) on CuPy arrays,
+
+    * one call at a time, ``check=True`` (the default: one small read after
+      the launch) and ``check=False``, each call synchronized: wall clock as
+      peer_bench times every peer;
+    * queued: ``STREAM_CALLS`` unchecked calls back to back between two CUDA
+      events (as a renderer issues its queries);
+
+    the kernel alone is the traversal launch with every argument made in
+    advance, queued the same way (GPU time, no host latency in front of it).
     """
     from kdtree_gpu.trace import gpu as rg
 
     O, D, tmin, tmax = rays
     query = tree.occluded if any_hit else tree.intersect
     n = O.shape[0]
-    kernel_ms, kernel_all = time_gpu(lambda: rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit),
-                                     args.repeats, args.warmup)
+    launch, _ = rg.prepared_launch(tree, O, D, tmin, tmax, any_hit=any_hit)
+    kernel_ms, kernel_all = time_queued(launch, STREAM_CALLS, args.repeats, args.warmup)
+    queued_ms, _ = time_queued(lambda: query(O, D, tmin, tmax, check=False), STREAM_CALLS,
+                               args.repeats, args.warmup)
     api_s = time_wall(pb, lambda: query(O, D, tmin, tmax), args.repeats, args.warmup)
     unchecked_s = time_wall(pb, lambda: query(O, D, tmin, tmax, check=False), args.repeats,
                             args.warmup)
-    kernel_wall_s = time_wall(pb, lambda: rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit),
-                              args.repeats, args.warmup)
+    kernel_wall_s = time_wall(pb, launch, args.repeats, args.warmup)
     counted = rg.trace(tree, O, D, tmin, tmax, any_hit=any_hit, counted=True)
     ray_nodes, ray_tests = counted.ray_nodes.get(), counted.ray_tests.get()
     hit = counted.hit_any if any_hit else counted.hit_tri >= 0
@@ -145,9 +155,11 @@ def measure_ours(tree, rays, any_hit, args, pb):
         "rays": int(n), "kernel_ms_median": kernel_ms, "kernel_ms_all": kernel_all,
         "kernel_mrays_per_s": n / kernel_ms / 1e3,
         "kernel_wall_s_median": kernel_wall_s, "kernel_mrays_per_s_wall": n / kernel_wall_s / 1e6,
+        "queued_ms_median": queued_ms, "queued_mrays_per_s": n / queued_ms / 1e3,
         "api_wall_s_median": api_s, "mrays_per_s_wall": n / api_s / 1e6,
         "unchecked_wall_s_median": unchecked_s, "unchecked_mrays_per_s_wall": n / unchecked_s / 1e6,
-        "api_over_kernel": kernel_ms / 1e3 / api_s,
+        "queued_over_kernel": kernel_ms / queued_ms,
+        "single_over_kernel": kernel_ms / 1e3 / api_s,
         "nodes_per_ray": float(ray_nodes.mean()), "tests_per_ray": float(ray_tests.mean()),
         "max_nodes": int(ray_nodes.max()), "max_tests": int(ray_tests.max()),
         "hit_fraction": float(np.mean(hit.get())),
@@ -250,18 +262,21 @@ def markdown_table(result):
     lines = [f"# GPU kd-tree traversal, {result['device']}",
              "",
              f"commit `{result['commit']}`, {result['date']}, {result['width']}x{result['height']} "
-             "rays per set (peer_bench rays). Ours through the public API: `tree.intersect` / "
-             "`tree.occluded` on CuPy arrays, default `check=True` (the unchecked call in "
-             "parentheses), wall clock with synchronization as peer_bench times every peer; "
-             "kernel alone: the traversal launch on the same arrays, CUDA events. Warp = "
-             "wp.Mesh LBVH + mesh_query_ray, same run; Embree = embreex on all CPU cores, same "
-             "run; OptiX 9.0 on the same H200 model (software traversal; h200_optix.md, "
-             "closest hit for primary/diffuse, any hit of the diffuse rays beside our shadow "
-             "rays is not the same ray set and is not compared). Mrays/s.",
+             "rays per set (peer_bench rays), Mrays/s. Ours through the public API, "
+             "`tree.intersect` / `tree.occluded` on CuPy arrays: *queued* = "
+             f"{STREAM_CALLS} unchecked calls back to back between CUDA events (GPU time per "
+             "call, as a renderer issues queries); *single* = one call with `check=True`, "
+             "synchronized, wall clock as peer_bench times every peer (unchecked in "
+             "parentheses). Kernel alone: the traversal launch with its arguments made in "
+             "advance, queued the same way. Warp = wp.Mesh LBVH + mesh_query_ray, same run, "
+             "wall clock; Embree = embreex on all CPU cores, same run; OptiX 9.0 on the same "
+             "H200 model (software traversal; h200_optix.md: one optixLaunch per ray set, CUDA "
+             "events). Shadow rays: any hit, ours only.",
              "",
-             "| mesh | rays | API (unchecked) | kernel alone | API/kernel | Warp | OptiX | "
-             "API/OptiX | API/Warp | Embree | nodes/ray | tris/ray | SAH cost |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "| mesh | rays | API queued | kernel alone | queued/kernel | API single (unchecked) "
+             "| single/kernel | OptiX | queued/OptiX | single/OptiX | Warp | Embree | nodes/ray "
+             "| tris/ray |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
 
     def fmt(x, spec=",.0f"):
         return "-" if x is None else format(x, spec)
@@ -274,14 +289,15 @@ def markdown_table(result):
             warp = r.get("peers", {}).get("warp", {}).get(rs, {}).get("mrays_per_s")
             embree = r.get("peers", {}).get("embree", {}).get(rs, {}).get("mrays_per_s")
             o = optix.get(r["mesh"], {}).get(f"{rs}_mrays") if rs != "shadow" else None
-            api = ours["mrays_per_s_wall"]
+            queued, single = ours["queued_mrays_per_s"], ours["mrays_per_s_wall"]
             lines.append(
-                f"| {r['mesh']} | {rs} ({ours['rays']:,}) | {api:,.0f} "
-                f"({ours['unchecked_mrays_per_s_wall']:,.0f}) | {ours['kernel_mrays_per_s']:,.0f} | "
-                f"{ours['api_over_kernel']:.2f} | {fmt(warp)} | {fmt(o)} | "
-                f"{fmt(api / o if o else None, '.2f')} | {fmt(api / warp if warp else None, '.2f')} | "
-                f"{fmt(embree)} | {ours['nodes_per_ray']:.1f} | {ours['tests_per_ray']:.1f} | "
-                f"{r['tree']['sah_cost']:.0f} |")
+                f"| {r['mesh']} | {rs} ({ours['rays']:,}) | {queued:,.0f} | "
+                f"{ours['kernel_mrays_per_s']:,.0f} | {ours['queued_over_kernel']:.2f} | "
+                f"{single:,.0f} ({ours['unchecked_mrays_per_s_wall']:,.0f}) | "
+                f"{ours['single_over_kernel']:.2f} | {fmt(o)} | "
+                f"{fmt(queued / o if o else None, '.2f')} | {fmt(single / o if o else None, '.2f')} "
+                f"| {fmt(warp)} | {fmt(embree)} | {ours['nodes_per_ray']:.1f} | "
+                f"{ours['tests_per_ray']:.1f} |")
     return "\n".join(lines) + "\n"
 
 

@@ -25,6 +25,7 @@ Plain structs of scalars (sizes, settings) are declared with
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Optional
 
 import numpy as np
@@ -96,10 +97,9 @@ class SoA:
 
     def struct(self):
         """The by-value kernel argument: device addresses in the layout of :func:`cuda_struct`."""
-        value = np.zeros(1, dtype=struct_dtype(type(self)))
-        for f in dataclasses.fields(self):
-            value[f.name] = _address(getattr(self, f.name))
-        return value
+        cls = type(self)
+        return np.array([tuple(_address(getattr(self, name)) for name in _field_names(cls))],
+                        dtype=struct_dtype(cls))
 
     @classmethod
     def of(cls, **arrays):
@@ -118,10 +118,9 @@ class ScalarStruct:
 
     def struct(self):
         """The by-value kernel argument (a one-element NumPy structured array)."""
-        value = np.zeros(1, dtype=struct_dtype(type(self)))
-        for f in dataclasses.fields(self):
-            value[f.name] = getattr(self, f.name)
-        return value
+        cls = type(self)
+        return np.array([tuple(getattr(self, name) for name in _field_names(cls))],
+                        dtype=struct_dtype(cls))
 
 
 def scalar_field(dtype, default=dataclasses.MISSING):
@@ -133,6 +132,12 @@ def _is_soa(cls) -> bool:
     return isinstance(cls, type) and issubclass(cls, SoA)
 
 
+@functools.lru_cache(maxsize=None)
+def _field_names(cls) -> tuple:
+    return tuple(f.name for f in dataclasses.fields(cls))
+
+
+@functools.lru_cache(maxsize=None)
 def struct_dtype(cls) -> np.dtype:
     """The aligned NumPy dtype of ``cls``'s C struct (pointers are uint64 addresses)."""
     pointer = _is_soa(cls)

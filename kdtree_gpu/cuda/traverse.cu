@@ -104,11 +104,18 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
     out_v = 0.0f;
     out_nodes = 0;
     out_tests = 0;
-    const int problem = kd_ray_problem(__ldg(o), __ldg(o + 1), __ldg(o + 2), __ldg(d),
-                                       __ldg(d + 1), __ldg(d + 2), tmin, tmax);
-    if (problem != 0) {
-        if (status) kd_record_bad_ray(status, i, problem);
-        return;
+    // One cheap test lets every good ray through: the sum of six finite
+    // values is finite unless it overflows (then the full test below clears
+    // the ray), and !(tmin <= tmax) also catches a NaN bound.
+    const float sum = __fadd_rn(__fadd_rn(__fadd_rn(ox, oy), __fadd_rn(oz, dx)),
+                                __fadd_rn(dy, dz));
+    if (!isfinite(sum) || !(tmin <= tmax) || (dx == 0.0f && dy == 0.0f && dz == 0.0f)) {
+        const int problem = kd_ray_problem(__ldg(o), __ldg(o + 1), __ldg(o + 2), __ldg(d),
+                                           __ldg(d + 1), __ldg(d + 2), tmin, tmax);
+        if (problem != 0) {
+            if (status) kd_record_bad_ray(status, i, problem);
+            return;
+        }
     }
     int num_nodes = 0;
     int num_tests = 0;

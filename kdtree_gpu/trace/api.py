@@ -35,8 +35,8 @@ import contextlib
 import numpy as np
 
 from .. import encoding as enc
-from ..arrays import device_of, library, like, on_gpu, to_cupy, to_numpy
-from ..device import CPU, parse_device, resolve_device
+from ..arrays import device_of, is_device_array, library, like, on_gpu, to_cupy, to_numpy
+from ..device import CPU, Device, parse_device, resolve_device
 
 _PROBLEMS = {
     enc.RAY_BAD_ORIGIN: "a NaN or infinite value in its origin",
@@ -50,6 +50,8 @@ _PROBLEMS = {
 
 # --- where rays run -----------------------------------------------------------------
 def _choose_device(device, origins, directions):
+    if device == "auto" and is_device_array(origins):
+        return Device("cuda", origins.device.id)  # the common case, without a parse
     kind, _ = parse_device(device)
     if kind == "auto":
         for a in (origins, directions):
@@ -76,6 +78,13 @@ def _ray_arrays(xp, origins, directions):
 
     Only shapes and dtypes are checked here (array metadata: no device read).
     """
+    if xp is not np and all(isinstance(a, xp.ndarray) and a.dtype == xp.float32 and a.ndim == 2
+                            and a.shape[1] == 3 and a.flags.c_contiguous
+                            for a in (origins, directions)):
+        if origins.shape[0] != directions.shape[0]:
+            raise ValueError(f"origins has {origins.shape[0]} rays but directions has "
+                             f"{directions.shape[0]}")
+        return origins, directions  # already what the kernel reads: no work at all
     convert = to_numpy if xp is np else to_cupy
     arrays = []
     for name, a in (("origins", origins), ("directions", directions)):
@@ -180,8 +189,13 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     if not dev.is_cuda:
         results = _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check)
     else:
-        with dev.use(), _stream_of(origins):
+        import cupy
+
+        current = cupy.cuda.runtime.getDevice() == dev.index
+        with (contextlib.nullcontext() if current else dev.use()), _stream_of(origins):
             results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check)
+        if out is None and is_device_array(origins) and current:
+            return results  # CuPy in, CuPy out, on the current device: nothing to convert
     if out is not None:
         return _write_out(results, out, any_hit)
     return tuple(like(r, origins) for r in results)

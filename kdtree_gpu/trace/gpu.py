@@ -74,12 +74,24 @@ class TraversalLayout:
     scale: float
     device_id: int
 
-    def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf) -> TraceParams:
-        """The kernel's scalars for ``num_rays`` rays with one interval for all."""
-        lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
-        return TraceParams(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1],
-                           hi_z=hi[2], scale=self.scale, tmin=tmin, tmax=tmax,
-                           num_rays=num_rays)
+    def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
+        """The kernel's :class:`TraceParams` struct for ``num_rays`` rays with one interval.
+
+        Returns
+        -------
+        (1,) NumPy structured array
+            The by-value kernel argument (the box and scale come from a
+            template made once per layout: a query spends no time on them).
+        """
+        template = self.__dict__.get("_params")
+        if template is None:
+            lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
+            template = self.__dict__["_params"] = TraceParams(
+                lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
+                scale=self.scale, tmin=0.0, tmax=np.inf, num_rays=0).struct()
+        value = template.copy()
+        value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
+        return value
 
 
 def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, vertices, faces,
@@ -190,12 +202,39 @@ def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, co
         if counted:
             out.ray_nodes = empty(num_rays, dtype=cupy.int32)
             out.ray_tests = empty(num_rays, dtype=cupy.int32)
-    kernel = get_function(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
-                          name_expressions=tuple(_KERNEL_NAMES.values()))
-    launch(_DESCRIPTIONS[any_hit, counted], kernel, num_rays,
-           (layout.nodes, layout.tris, params.struct(), rays.struct(), out.struct(), status),
+    launch(_DESCRIPTIONS[any_hit, counted], _trace_kernel(any_hit, counted), num_rays,
+           (layout.nodes, layout.tris, params, rays.struct(), out.struct(), status),
            block=enc.TRAVERSE_BLOCK)
     return out
+
+
+def _trace_kernel(any_hit, counted):
+    return get_function(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
+                        name_expressions=tuple(_KERNEL_NAMES.values()))
+
+
+def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=False):
+    """The traversal kernel with every argument made in advance: ``launch()`` runs it.
+
+    For timing the kernel alone (benchmarks): each call is one kernel launch
+    on the current stream and nothing else, into the same output arrays.
+    ``tmin`` and ``tmax`` are numbers.
+
+    Returns
+    -------
+    launch : callable
+    hits : HitSoA
+        The outputs every launch writes.
+    """
+    num_rays = int(origins.shape[0])
+    layout = traversal_layout(tree)
+    hits = trace(tree, origins, directions, tmin, tmax, any_hit=any_hit)
+    args = (layout.nodes, layout.tris, layout.params(num_rays, tmin, tmax),
+            RaySoA(origins, directions, None, None).struct(), hits.struct(), None)
+    kernel = _trace_kernel(any_hit, False)
+    grid = ((num_rays + enc.TRAVERSE_BLOCK - 1) // enc.TRAVERSE_BLOCK,)
+    block = (enc.TRAVERSE_BLOCK,)
+    return (lambda: kernel(grid, block, args)), hits
 
 
 def intersect_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf, out=None):
