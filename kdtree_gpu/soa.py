@@ -96,10 +96,15 @@ class SoA:
         return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
 
     def struct(self):
-        """The by-value kernel argument: device addresses in the layout of :func:`cuda_struct`."""
+        """The by-value kernel argument: device addresses in the layout of :func:`cuda_struct`.
+
+        Every field is one 8-byte pointer, so the struct is the addresses in
+        declaration order (no padding), handed over as opaque bytes
+        (:func:`as_kernel_argument`).
+        """
         cls = type(self)
-        return np.array([tuple(_address(getattr(self, name)) for name in _field_names(cls))],
-                        dtype=struct_dtype(cls))
+        addresses = [_address(getattr(self, name)) for name in _field_names(cls)]
+        return np.array(addresses, dtype=np.uint64).view(_bytes_dtype(cls))
 
     @classmethod
     def of(cls, **arrays):
@@ -117,10 +122,15 @@ class ScalarStruct:
     c_name: str = ""
 
     def struct(self):
-        """The by-value kernel argument (a one-element NumPy structured array)."""
+        """The by-value kernel argument (opaque bytes in the struct's layout)."""
+        return as_kernel_argument(self.fields())
+
+    def fields(self):
+        """The values as a one-element NumPy structured array of :func:`struct_dtype`."""
         cls = type(self)
-        return np.array([tuple(getattr(self, name) for name in _field_names(cls))],
-                        dtype=struct_dtype(cls))
+        value = np.zeros(1, dtype=struct_dtype(cls))  # padding bytes zero, not garbage
+        value[0] = tuple(getattr(self, name) for name in _field_names(cls))
+        return value
 
 
 def scalar_field(dtype, default=dataclasses.MISSING):
@@ -135,6 +145,22 @@ def _is_soa(cls) -> bool:
 @functools.lru_cache(maxsize=None)
 def _field_names(cls) -> tuple:
     return tuple(f.name for f in dataclasses.fields(cls))
+
+
+def as_kernel_argument(fields) -> np.ndarray:
+    """A one-element structured array as the by-value kernel argument CuPy takes.
+
+    CuPy passes a one-element NumPy array by value, reading its address
+    through ``__array_interface__``; for a structured dtype NumPy describes
+    every field there again at each call (about ten microseconds an
+    argument), so the same bytes go as one opaque ``V<n>`` element.
+    """
+    return fields.view(np.dtype((np.void, fields.dtype.itemsize)))
+
+
+@functools.lru_cache(maxsize=None)
+def _bytes_dtype(cls) -> np.dtype:
+    return np.dtype((np.void, struct_dtype(cls).itemsize))
 
 
 @functools.lru_cache(maxsize=None)

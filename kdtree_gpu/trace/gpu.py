@@ -43,6 +43,7 @@ from .. import encoding as enc
 from ..kernels import get_function
 from ..launch import launch
 from ..mesh import degenerate_mask, validate_mesh
+from ..soa import as_kernel_argument
 from .soa import HitSoA, RaySoA, TraceParams
 
 TRAVERSE_SOURCE = "traverse.cu"
@@ -88,10 +89,10 @@ class TraversalLayout:
             lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
             template = self.__dict__["_params"] = TraceParams(
                 lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
-                scale=self.scale, tmin=0.0, tmax=np.inf, num_rays=0).struct()
+                scale=self.scale, tmin=0.0, tmax=np.inf, num_rays=0).fields()
         value = template.copy()
         value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
-        return value
+        return as_kernel_argument(value)
 
 
 def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, vertices, faces,

@@ -30,17 +30,22 @@ def test_args_take_and_struct_follow_declaration_order():
     taken = events.take(np.array([4, 0]))
     assert taken.event_pos.tolist() == [4.0, 0.0]
     value = events.struct()
-    assert value.shape == (1,) and value.dtype.names == tuple(f.name for f in
-                                                              dataclasses.fields(EventSoA))
-    assert int(value["event_pos"][0]) == events.event_pos.ctypes.data
-    assert int(value["event_seg"][0]) == events.event_seg.ctypes.data
+    # opaque bytes of the struct's size; read back through the struct's dtype
+    assert value.shape == (1,) and value.dtype.kind == "V"
+    fields = value.view(struct_dtype(EventSoA))
+    assert fields.dtype.names == tuple(f.name for f in dataclasses.fields(EventSoA))
+    assert int(fields["event_pos"][0]) == events.event_pos.ctypes.data
+    assert int(fields["event_seg"][0]) == events.event_seg.ctypes.data
 
 
 def test_scalar_struct_values_and_layout():
-    value = LoopSettings(max_level_events=7, max_depth=3, leaf_size=1, longest_only=1,
-                         k_traversal=15.0, k_intersect=20.0, empty_bonus=0.8).struct()
+    settings = LoopSettings(max_level_events=7, max_depth=3, leaf_size=1, longest_only=1,
+                            k_traversal=15.0, k_intersect=20.0, empty_bonus=0.8)
+    value = settings.fields()
     dtype = struct_dtype(LoopSettings)
     assert value.dtype == dtype and dtype.isalignedstruct
+    raw = settings.struct()
+    assert raw.dtype.kind == "V" and raw.tobytes() == value.tobytes()
     assert dtype.fields["k_traversal"][1] % 8 == 0
     assert value["max_level_events"][0] == 7 and value["empty_bonus"][0] == 0.8
 
