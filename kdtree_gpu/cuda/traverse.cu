@@ -151,9 +151,7 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
 
     int node = 0;
     float tn = t0, tf = t1;
-    float best_t = tmax;
-    unsigned int best_tri = 0xffffffffu;  // KD_NO_HIT as unsigned: above every id
-    float best_v = 0.0f, best_w = 0.0f, best_det = 1.0f;
+    KdClosestHit best = kd_no_hit(tmax);
     bool found = false;
 
     while (alive) {
@@ -201,26 +199,18 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
             const float4 b = __ldg(tri + 1);
             const float4 c = __ldg(tri + 2);
             float t, ev, ew, det;
-            if (kd_hit_triangle(wr, a, b, c, tmin, ANY_HIT ? tmax : best_t, t, ev, ew, det)) {
-                const unsigned int id = (unsigned int)__float_as_int(a.w);
+            if (kd_hit_triangle(wr, a, b, c, tmin, ANY_HIT ? tmax : best.t, t, ev, ew, det)) {
                 if (ANY_HIT) {
                     found = true;
                     break;
                 }
-                // equal t: the lowest triangle id wins, as in the brute force
-                if (t < best_t || id < best_tri) {
-                    best_t = t;
-                    best_tri = id;
-                    best_v = ev;
-                    best_w = ew;
-                    best_det = det;
-                }
+                kd_keep_closer(best, t, (unsigned int)__float_as_int(a.w), ev, ew, det);
             }
         }
         if (ANY_HIT && found) break;
 
         // Stop when the closest hit lies before everything still on the stack
-        if (!ANY_HIT && best_tri != 0xffffffffu && best_t <= tf) break;
+        if (!ANY_HIT && best.tri != 0xffffffffu && best.t <= tf) break;
         if (sp == 0) break;
         --sp;
         node = stack_node[sp];
@@ -230,10 +220,8 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
 
     if (ANY_HIT) {
         out_tri = found ? 1 : 0;
-    } else if (best_tri != 0xffffffffu) {
-        out_t = best_t;
-        out_tri = (int)best_tri;
-        kd_hit_barycentrics(best_v, best_w, best_det, out_u, out_v);
+    } else {
+        kd_closest_result(best, out_t, out_tri, out_u, out_v);
     }
     out_nodes = num_nodes;
     out_tests = num_tests;

@@ -134,3 +134,45 @@ __device__ __forceinline__ void kd_hit_barycentrics(float edge_v, float edge_w, 
     u = __fdiv_rn(edge_v, det);
     v = __fdiv_rn(edge_w, det);
 }
+
+// The closest hit kept so far: on equal t the lowest triangle id wins (the
+// traversal and the brute force keep hits alike).
+struct KdClosestHit {
+    float t;
+    unsigned int tri;  // 0xffffffff: none yet (above every id)
+    float edge_v, edge_w, det;
+};
+
+__device__ __forceinline__ KdClosestHit kd_no_hit(float tmax)
+{
+    KdClosestHit h = {tmax, 0xffffffffu, 0.0f, 0.0f, 1.0f};
+    return h;
+}
+
+// A hit found with t <= h.t (kd_hit_triangle tested it against h.t).
+__device__ __forceinline__ void kd_keep_closer(KdClosestHit& h, float t, unsigned int id,
+                                               float edge_v, float edge_w, float det)
+{
+    if (t < h.t || id < h.tri) {
+        h.t = t;
+        h.tri = id;
+        h.edge_v = edge_v;
+        h.edge_w = edge_w;
+        h.det = det;
+    }
+}
+
+// The answer: t, id and barycentrics, or inf, KD_NO_HIT, 0, 0 for a miss.
+__device__ __forceinline__ void kd_closest_result(const KdClosestHit& h, float& t, int& tri,
+                                                  float& u, float& v)
+{
+    t = KD_WT_INF;
+    tri = KD_NO_HIT;
+    u = 0.0f;
+    v = 0.0f;
+    if (h.tri != 0xffffffffu) {
+        t = h.t;
+        tri = (int)h.tri;
+        kd_hit_barycentrics(h.edge_v, h.edge_w, h.det, u, v);
+    }
+}

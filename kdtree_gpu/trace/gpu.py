@@ -399,24 +399,28 @@ def _check_rays(origins, directions, tmin, tmax) -> int:
 def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     import cupy
 
-    num_rays = _check_rays(origins, directions, tmin, tmax)
     from .scale import trace_scale
 
+    num_rays = _check_rays(origins, directions, tmin, tmax)
     V, F = validate_mesh(vertices, faces)
     tri_ids = np.flatnonzero(~degenerate_mask(V, F)).astype(np.int32)
     corners = V[F[tri_ids]].reshape(-1, 3)
     bounds = np.stack([corners.min(0), corners.max(0)]) if len(corners) else np.zeros((2, 3))
     scale = np.float32(trace_scale(bounds))
     tris = cupy.asarray(pack_triangles(V * scale, F, tri_ids))
-    name = "kd_brute_any" if any_hit else "kd_brute_closest"
-    kernel = get_function(BRUTE_SOURCE, name)
+    layout = TraversalLayout(nodes=None, tris=tris, bounds=bounds, scale=float(scale),
+                             device_id=cupy.cuda.runtime.getDevice())
     if any_hit:
-        outputs = (cupy.empty(num_rays, dtype=cupy.bool_),)
+        hits = HitSoA.of(hit_any=cupy.empty(num_rays, dtype=cupy.bool_))
     else:
-        outputs = (cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.int32),
-                   cupy.empty(num_rays, dtype=cupy.float32), cupy.empty(num_rays, dtype=cupy.float32))
-    args = (tris, np.int32(tri_ids.shape[0]), origins, directions, tmin, tmax, np.int32(num_rays),
-            scale, *outputs)
-    launch("brute-force " + ("any hit" if any_hit else "closest hit"), kernel, num_rays, args,
+        hits = HitSoA.of(hit_t=cupy.empty(num_rays, dtype=cupy.float32),
+                         hit_tri=cupy.empty(num_rays, dtype=cupy.int32),
+                         hit_u=cupy.empty(num_rays, dtype=cupy.float32),
+                         hit_v=cupy.empty(num_rays, dtype=cupy.float32))
+    names = ("kd_brute<false>", "kd_brute<true>")
+    kernel = get_function(BRUTE_SOURCE, names[any_hit], name_expressions=names)
+    launch("brute-force " + ("any hit" if any_hit else "closest hit"), kernel, num_rays,
+           (tris, np.int32(tri_ids.shape[0]), layout.params(num_rays),
+            RaySoA(origins, directions, tmin, tmax).struct(), hits.struct()),
            block=enc.BRUTE_BLOCK)
-    return outputs
+    return (hits.hit_any,) if any_hit else (hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v)
