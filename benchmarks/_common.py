@@ -142,3 +142,8 @@ def run_meshes(result, meshes, bench_one, markdown, out, stem):
     (out / f"{stem}.md").write_text(table)
     print(table)
     return 0
+
+
+def md_row(*cells) -> str:
+    """One Markdown table row from its cells (numbers formatted by the caller)."""
+    return "| " + " | ".join(str(c) for c in cells) + " |"

@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (git_commit, gpu_slug, gpu_time_per_call_ms, optix_table,  # noqa: E402
-                     run_meshes, utc_now)
+from _common import (git_commit, gpu_slug, gpu_time_per_call_ms, md_row,  # noqa: E402
+                     optix_table, run_meshes, utc_now)
 
 DEFAULT_MESHES = ["stanford_bunny", "conference", "stanford_armadillo@sub1",
                   "stanford_armadillo@sub2"]
@@ -188,11 +188,11 @@ def markdown(result):
         optix_ms = "-" if optix is None else f"{optix:.2f}"
         mem = r["memory"].get("bytes_per_triangle")
         mem = "-" if mem is None else f"{mem:,.0f}"
-        lines.append(
-            f"| {r['mesh']} | {r['triangles']:,} | {m['build']:.2f} | {m['first']:.2f} | "
-            f"{m['sum']:.2f} | {r.get('bar_ms', '-')} | {m['unchecked_sum']:.2f} | "
-            f"{m['later']:.2f} | {r['first_over_later']:.2f} | {r['kernel_ms']:.3f} | "
-            f"{optix_ms} | {ratio} | {mem} |")
+        lines.append(md_row(r["mesh"], f"{r['triangles']:,}", f"{m['build']:.2f}",
+                            f"{m['first']:.2f}", f"{m['sum']:.2f}", r.get("bar_ms", "-"),
+                            f"{m['unchecked_sum']:.2f}", f"{m['later']:.2f}",
+                            f"{r['first_over_later']:.2f}", f"{r['kernel_ms']:.3f}", optix_ms,
+                            ratio, mem))
     return "\n".join(lines) + "\n"
 
 

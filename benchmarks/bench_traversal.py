@@ -49,8 +49,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (gpu_slug, gpu_time_ms, gpu_time_per_call_ms, optix_table,  # noqa: E402
-                     run_meshes, utc_now)
+from _common import (gpu_slug, gpu_time_ms, gpu_time_per_call_ms, md_row,  # noqa: E402
+                     optix_table, run_meshes, utc_now)
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -290,14 +290,13 @@ def markdown_table(result):
             embree = r.get("peers", {}).get("embree", {}).get(rs, {}).get("mrays_per_s")
             o = optix.get(r["mesh"], {}).get(f"{rs}_mrays") if rs != "shadow" else None
             queued, single = ours["queued_mrays_per_s"], ours["mrays_per_s_wall"]
-            lines.append(
-                f"| {r['mesh']} | {rs} ({ours['rays']:,}) | {queued:,.0f} | "
-                f"{ours['kernel_mrays_per_s']:,.0f} | {ours['queued_over_kernel']:.2f} | "
-                f"{single:,.0f} ({ours['unchecked_mrays_per_s_wall']:,.0f}) | "
-                f"{ours['single_over_kernel']:.2f} | {fmt(o)} | "
-                f"{fmt(queued / o if o else None, '.2f')} | {fmt(single / o if o else None, '.2f')} "
-                f"| {fmt(warp)} | {fmt(embree)} | {ours['nodes_per_ray']:.1f} | "
-                f"{ours['tests_per_ray']:.1f} |")
+            lines.append(md_row(
+                r["mesh"], f"{rs} ({ours['rays']:,})", f"{queued:,.0f}",
+                f"{ours['kernel_mrays_per_s']:,.0f}", f"{ours['queued_over_kernel']:.2f}",
+                f"{single:,.0f} ({ours['unchecked_mrays_per_s_wall']:,.0f})",
+                f"{ours['single_over_kernel']:.2f}", fmt(o), fmt(queued / o if o else None, ".2f"),
+                fmt(single / o if o else None, ".2f"), fmt(warp), fmt(embree),
+                f"{ours['nodes_per_ray']:.1f}", f"{ours['tests_per_ray']:.1f}"))
     return "\n".join(lines) + "\n"
 
 

@@ -297,8 +297,8 @@ def load_mesh(path_or_name):
 
     Returns
     -------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
+    vertices, faces
+        As :func:`validate_mesh` returns them.
 
     Raises
     ------
