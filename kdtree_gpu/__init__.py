@@ -23,6 +23,7 @@ __version__ = "0.1.0"
 # cheap (numba compiles, CuPy loads only when asked for).
 _LAZY = {
     "build": ("kdtree_gpu.builder", "build"),
+    "build_many": ("kdtree_gpu.batch", "build_many"),
     "GpuSettings": ("kdtree_gpu.builder", "GpuSettings"),
     "load_mesh": ("kdtree_gpu.mesh", "load_mesh"),
     "mesh_dir": ("kdtree_gpu.mesh", "mesh_dir"),

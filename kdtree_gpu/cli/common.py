@@ -42,12 +42,32 @@ class CliError(Exception):
 
 def print_error(message: str) -> None:
     """Write ``kdtree-gpu: error: <message>`` as one line on stderr."""
-    print(f"{PROG}: error: {_one_line(message)}", file=sys.stderr, flush=True)
+    _write_line(f"{PROG}: error: {_one_line(message)}", sys.stderr)
 
 
 def print_warning(message: str) -> None:
     """Write ``kdtree-gpu: warning: <message>`` as one line on stderr."""
-    print(f"{PROG}: warning: {_one_line(message)}", file=sys.stderr, flush=True)
+    _write_line(f"{PROG}: warning: {_one_line(message)}", sys.stderr)
+
+
+def print_note(message: str) -> None:
+    """Write ``kdtree-gpu: <message>`` as one line on stderr (where the work runs, a dashboard)."""
+    _write_line(f"{PROG}: {_one_line(message)}", sys.stderr)
+
+
+def print_line(text: str) -> None:
+    """Write one line of results on stdout, above the progress bar when one is drawn."""
+    _write_line(text, sys.stdout)
+
+
+def _write_line(text: str, stream) -> None:
+    # through tqdm, which erases a bar on the terminal first and draws it again after
+    tqdm = sys.modules.get("tqdm")
+    if tqdm is None:
+        stream.write(text + "\n")
+    else:
+        tqdm.tqdm.write(text, file=stream)
+    stream.flush()
 
 
 def _one_line(message) -> str:
@@ -56,7 +76,7 @@ def _one_line(message) -> str:
 
 def print_json(record: dict) -> None:
     """One JSON object on one line of stdout (non-finite floats become ``null``)."""
-    print(json.dumps(_finite_or_none(record), default=json_default), flush=True)
+    print_line(json.dumps(_finite_or_none(record), default=json_default))
 
 
 def _finite_or_none(value):
@@ -114,52 +134,29 @@ def about(subject, message: str) -> str:
 
 # --- the progress bar ----------------------------------------------------------------
 
-class ProgressBar:
-    """A progress bar on stderr: redrawn in place on a terminal, else one line per step.
+def progress_bar(total: int, enabled: bool, leave: bool = True, unit: str = "mesh"):
+    """The command line's progress bar: tqdm on stderr.
 
     Parameters
     ----------
     total : int
         Number of steps.
     enabled : bool
-        When False every method does nothing.
-    stream : file
-        Where to draw (default: ``sys.stderr``).
+        When False the bar draws nothing (every method still works).
+    leave : bool
+        Keep the finished bar on the screen (a batch) or erase it (one mesh).
+
+    Returns
+    -------
+    tqdm.tqdm
+        ``update(1)`` per finished step, ``set_postfix_str(text)`` for the
+        current one; lines printed meanwhile go through :func:`print_line`
+        and the ``print_*`` functions, which keep the bar below them.
     """
+    from tqdm import tqdm
 
-    def __init__(self, total: int, enabled: bool, stream=None, width: int = 28):
-        self.total = max(int(total), 1)
-        self.enabled = enabled
-        self.stream = stream if stream is not None else sys.stderr
-        self.width = width
-        self.in_place = enabled and isatty(self.stream)
-        self._last_len = 0
-
-    def show(self, done: int, label: str = "", fraction: Optional[float] = None) -> None:
-        """Draw ``done`` of ``total`` steps, with a label and the finished share of the current one."""
-        if not self.enabled:
-            return
-        progress = done + (fraction or 0.0)
-        filled = int(self.width * min(progress, self.total) / self.total)
-        text = f"[{'#' * filled}{'.' * (self.width - filled)}] {done}/{self.total} {label}"
-        if fraction is not None:
-            text += f" {fraction:.0%}"
-        if not self.in_place:
-            # a log file gets whole lines, not carriage returns
-            self.stream.write(text + "\n")
-            self.stream.flush()
-            return
-        self.clear()
-        self.stream.write(text)
-        self.stream.flush()
-        self._last_len = len(text)
-
-    def clear(self) -> None:
-        """Erase the bar (before other output is written to the terminal)."""
-        if self.in_place and self._last_len:
-            self.stream.write("\r" + " " * self._last_len + "\r")
-            self.stream.flush()
-            self._last_len = 0
+    return tqdm(total=total, disable=not enabled, file=sys.stderr, leave=leave, unit=unit,
+                dynamic_ncols=True)
 
 
 def isatty(stream) -> bool:
@@ -253,19 +250,9 @@ def single_input(spec: str) -> MeshInput:
 
 
 def load_input(item: MeshInput):
-    """Vertices and faces of an input (:func:`kdtree_gpu.mesh.load_mesh` or the scene).
-
-    Returns
-    -------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
-
-    Raises
-    ------
-    MeshError, OSError
-        The file cannot be read or is not a valid triangle mesh; the message
-        names the file.
-    """
+    """Vertices and faces of an input, as :func:`kdtree_gpu.mesh.load_mesh` returns them
+    (or the built-in scene's); raises ``MeshError`` or ``OSError`` for an input
+    that cannot be read or is not a valid triangle mesh."""
     if item.scene is not None:
         return load_scene(item.scene).arrays()
     from ..mesh import load_mesh

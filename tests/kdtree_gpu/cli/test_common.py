@@ -123,40 +123,26 @@ def test_a_missing_name_lists_the_places_and_the_scenes(tmp_path, monkeypatch):
 
 # --- the progress bar -------------------------------------------------------------------------
 
-class FakeTerminal:
-    def __init__(self, tty):
-        self.tty, self.text = tty, ""
-
-    def isatty(self):
-        return self.tty
-
-    def write(self, text):
-        self.text += text
-
-    def flush(self):
-        pass
-
-
-def test_progress_bar_redraws_on_a_terminal_and_writes_lines_elsewhere():
-    terminal = FakeTerminal(tty=True)
-    bar = common.ProgressBar(4, enabled=True, stream=terminal, width=8)
-    bar.show(2, "mesh")
-    assert terminal.text == "[####....] 2/4 mesh"
-    bar.clear()
-    assert terminal.text.endswith("\r" + " " * len("[####....] 2/4 mesh") + "\r")
-    log = FakeTerminal(tty=False)
-    bar = common.ProgressBar(2, enabled=True, stream=log, width=4)
-    bar.show(1, "a")
-    bar.clear()
-    bar.show(2, "done")
-    assert log.text == "[##..] 1/2 a\n[####] 2/2 done\n"
-    quiet = FakeTerminal(tty=True)
-    common.ProgressBar(2, enabled=False, stream=quiet).show(1, "x")
-    assert quiet.text == ""
+def test_progress_bar_is_tqdm_on_stderr_and_draws_nothing_when_disabled(capsys):
+    bar = common.progress_bar(4, enabled=True)
+    bar.update(2)
+    bar.set_postfix_str("mesh 50%")
+    bar.close()
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert "2/4" in err and "mesh 50%" in err
+    quiet = common.progress_bar(2, enabled=False)
+    quiet.update(1)
+    quiet.close()
+    assert capsys.readouterr() == ("", "")
 
 
-def test_progress_bar_shows_the_share_of_the_current_step():
-    terminal = FakeTerminal(tty=True)
-    bar = common.ProgressBar(2, enabled=True, stream=terminal, width=8)
-    bar.show(1, "dragon", fraction=0.5)
-    assert terminal.text == "[######..] 1/2 dragon 50%"
+def test_lines_printed_under_a_bar_stay_whole(capsys):
+    bar = common.progress_bar(2, enabled=True, leave=False)
+    bar.update(1)
+    common.print_line("result")
+    common.print_error("problem")
+    bar.close()
+    out, err = capsys.readouterr()
+    assert out == "result\n"
+    assert "kdtree-gpu: error: problem\n" in err
