@@ -13,8 +13,11 @@ The machine may be shared. Before each round the script waits (up to
 measures the CPU time that other processes took (``/proc/stat`` less this
 process's ``os.times()``). A sample is *clean* when other processes kept
 fewer than 0.1 cores busy; rounds go on (at most ``3 * repeats``) until every
-column has ``repeats`` clean samples, and the medians are taken over the
-clean samples (over all when fewer than half are clean).
+column has ``repeats`` clean samples. A column's seconds are the median of
+its ``repeats`` samples with the least other work; a speedup is the median,
+over the clean rounds (all rounds when fewer than three), of the ratio of two
+samples of the same round, which ran seconds apart under the same
+conditions.
 
 When ``embreex`` is importable, its BVH build is timed in the same run:
 scene construction plus one single-ray query, which commits the scene (the
@@ -210,16 +213,28 @@ def timed(fn):
     return seconds, out, other
 
 
-def clean_median(samples, others, limit):
-    """Median of the samples taken while other processes used under ``limit`` cores.
+def quiet_median(samples, others, count):
+    """Median of the ``count`` samples taken while other processes used the least CPU.
 
-    Returns the median and the number of samples it used (all of them when
-    fewer than half were clean, the share of other work unknown, or none).
+    Returns the median and the most cores other processes kept busy during
+    the samples used (None where /proc/stat is missing: then all samples).
     """
-    clean = [t for t, o in zip(samples, others) if o is not None and o < limit]
-    if len(clean) * 2 < len(samples):
-        return statistics.median(samples), len(samples)
-    return statistics.median(clean), len(clean)
+    if any(o is None for o in others):
+        return statistics.median(samples), None
+    order = sorted(range(len(samples)), key=lambda i: (others[i], i))[:count]
+    return statistics.median(samples[i] for i in order), max(others[i] for i in order)
+
+
+def paired_ratio(samples, base, others, others_base, limit):
+    """Median over rounds of ``samples[r] / base[r]`` (taken seconds apart, alike).
+
+    Rounds where either sample shared the CPUs with over ``limit`` cores of
+    other work are left out, unless fewer than three rounds remain.
+    """
+    pairs = [(s / b, max(o or 0.0, ob or 0.0))
+             for s, b, o, ob in zip(samples, base, others, others_base)]
+    quiet = [r for r, o in pairs if o < limit]
+    return statistics.median(quiet if len(quiet) >= 3 else [r for r, _ in pairs])
 
 
 def kd_build_cpu(vertices, faces, config):
@@ -271,7 +286,10 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
         if all(sum(o is not None and o < CLEAN_LIMIT for o in others[key]) >= repeats
                or (others[key][0] is None and len(times[key]) >= repeats) for key in jobs):
             break
-    median = {key: clean_median(times[key], others[key], CLEAN_LIMIT) for key in jobs}
+    median = {key: quiet_median(times[key], others[key], repeats) for key in jobs}
+
+    def ratio(key, base):
+        return paired_ratio(times[key], times[base], others[key], others[base], CLEAN_LIMIT)
     rows = []
     for clip in clips:
         one = results[(clip, 1)]
@@ -279,15 +297,15 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
         for threads in THREAD_SETTINGS:
             tree = results[(clip, threads)]
             same = all(np.array_equal(getattr(tree, a), getattr(one, a)) for a in ARRAYS)
-            med, used = median[(clip, threads)]
+            med, other = median[(clip, threads)]
             gapt = GAPT_CPU.get(name)
             rows.append({
                 "builder": "cpu_reference", "mesh": name, "triangles": int(F.shape[0]),
                 "clip": clip, "threads_arg": threads, "threads": tree.build_info["threads"],
-                "seconds_median": med, "samples_used": used,
+                "seconds_median": med, "max_other_cores_in_median": other,
                 "seconds_all": times[(clip, threads)],
                 "other_cores_busy": others[(clip, threads)], "repeats": repeats,
-                "speedup_vs_threads_1": median[(clip, 1)][0] / med,
+                "speedup_vs_threads_1": 1.0 / ratio((clip, threads), (clip, 1)),
                 "build_info_seconds": tree.build_info["seconds"],
                 "subtrees": tree.build_info["subtrees"], "same_tree_as_threads_1": same,
                 "nodes": stats["nodes"], "leaves": stats["leaves"],
@@ -302,21 +320,22 @@ def run_mesh(name, V, F, clips, repeats, info, with_embree, with_kd, max_wait):
                   f"subtrees={rows[-1]['subtrees']}  same={same}", flush=True)
     if with_kd:
         for clip in clips:
-            med, used = median[(clip, "kd")]
+            med, other = median[(clip, "kd")]
             rows.append({"builder": "kd.build(device='cpu')", "mesh": name,
                          "triangles": int(F.shape[0]), "clip": clip, "seconds_median": med,
-                         "samples_used": used, "seconds_all": times[(clip, "kd")],
+                         "max_other_cores_in_median": other,
+                         "seconds_all": times[(clip, "kd")],
                          "other_cores_busy": others[(clip, "kd")], "repeats": repeats,
-                         "ratio_to_threads_1": med / median[(clip, 1)][0],
+                         "ratio_to_threads_1": ratio((clip, "kd"), (clip, 1)),
                          "same_tree_as_threads_1": results[(clip, "kd")].compare(
                              results[(clip, 1)]) is None,
                          "load_avg_1min": load, "idle_before_round": idle, "machine": info})
             print(f"{name:28s} clip={str(clip):5s} kd.build(device='cpu') median={med:7.3f}s "
                   f"ratio to threads=1: {rows[-1]['ratio_to_threads_1']:.2f}", flush=True)
     if with_embree:
-        med, used = median["embree"]
+        med, other = median["embree"]
         rows.append({"builder": "embreex", "mesh": name, "triangles": int(F.shape[0]),
-                     "seconds_median": med, "samples_used": used,
+                     "seconds_median": med, "max_other_cores_in_median": other,
                      "seconds_all": times["embree"], "other_cores_busy": others["embree"],
                      "repeats": repeats,
                      "load_avg_1min": load, "idle_before_round": idle, "machine": info})
@@ -345,8 +364,8 @@ def write_markdown(rows, info, warm, path: Path):
         "",
         f"`cpu_reference.build(V, F, SAHConfig(clip=...), threads=...)`, default settings "
         "otherwise. Seconds: median of "
-        f"{repeats} or more wall-clock times of the whole call (mesh checks included) taken "
-        f"while other processes kept under {CLEAN_LIMIT} cores busy, warm: after "
+        f"the {repeats} wall-clock times of the whole call (mesh checks included) during "
+        "which other processes used the least CPU, warm: after "
         f"`cpu_reference.warm_up()` ({warm.seconds:.1f} s here, "
         f"{'compiled' if warm.compiled else 'loaded from the numba cache'}) and one untimed "
         "build per setting; the settings run round-robin. 'Default' is `threads=None` "
@@ -382,15 +401,18 @@ def write_markdown(rows, info, warm, path: Path):
             f"| {fmt(embree.get(mesh))} | {gapt} |")
     loads = [x for r in cpu for x in r["load_avg_1min"]]
     idle = [x for r in cpu for x in r["idle_before_round"] if x is not None]
+    others = [r["max_other_cores_in_median"] for r in rows]
+    max_other = ("unknown" if any(o is None for o in others)
+                 else f"{max(others, default=0):.2f}")
     lines += [
         "",
         "Before each round the script waits (up to `--wait-idle` s) for the CPUs to be "
         f"idle: the idle share measured then was {min(idle, default=0):.0%} to "
         f"{max(idle, default=0):.0%}; the 1-minute load average {min(loads):.2f} to "
-        f"{max(loads):.2f}. Samples used per column (clean ones, or all): "
-        f"{min(r['samples_used'] for r in rows)} to {max(r['samples_used'] for r in rows)}; "
-        "every sample, with the cores other processes used during it, is in the JSON "
-        "file.",
+        f"{max(loads):.2f}. Most cores other processes kept busy during a sample that "
+        f"entered a median: {max_other}. Speedups and the kd.build ratio are medians of "
+        "ratios within a round. Every sample, with the cores other processes used during "
+        "it, is in the JSON file.",
         "",
         "Command: `python benchmarks/cpu_build.py "
         + " ".join(sys.argv[1:]) + "`" if len(sys.argv) > 1
