@@ -230,7 +230,7 @@ def test_workers_and_scheduler_usage_errors(run_cli, cli_helpers, tiny_ply, tmp_
     assert code == 2
     cli_helpers.assert_one_line_error(err, "--device cuda:1", "each worker uses its own GPU")
     # nobody listens at this address
-    monkeypatch.setattr(batch, "CONNECT_TIMEOUT_S", 1)
+    monkeypatch.setattr(batch.cluster, "CONNECT_TIMEOUT_S", 1)
     address = f"tcp://127.0.0.1:{free_port()}"
     code, _, err = run_cli("build", tiny_ply, "-o", tmp_path / "t.kdt", "--scheduler", address)
     assert code == 2
