@@ -154,7 +154,7 @@ def load_or_build_tree(path, tree_cache):
 def check_mesh(path, watertight, args, rng):
     import cupy
 
-    from kdtree_gpu.testing import compare_hits, random_rays
+    from kdtree_gpu.testing import random_rays
     from kdtree_gpu.trace import gpu as rg
 
     record = {"mesh": path.stem, "watertight": bool(watertight)}
@@ -191,15 +191,9 @@ def check_mesh(path, watertight, args, rng):
     bt, btri, _, _ = (x.get() for x in rg.brute_intersect_gpu(tree.vertices, tree.faces, *sub_rays))
     bhit = rg.brute_occluded_gpu(tree.vertices, tree.faces, *sub_rays).get()
     record["brute_s"] = time.perf_counter() - t0
-    bad = np.flatnonzero(compare_hits((t[sub], tri[sub]), (bt, btri)).bad)
-    bad_bany = np.flatnonzero(bhit != hit[sub])
-    record["vs_brute"] = {
-        "rays": int(sub.size), "mismatches": int(bad.size), "any_hit_mismatches": int(bad_bany.size),
-        "same_triangle": float(np.mean(tri[sub] == btri)),
-        "first": describe_mismatches(sub[bad], O, D, tmin, tmax,
-                                     {"gpu": (t, tri), "brute": (_scatter(bt, sub, args.rays),
-                                                                 _scatter(btri, sub, args.rays))})}
-    if bad.size or bad_bany.size:
+    record["vs_brute"] = _subset_agreement("brute", sub, (bt, btri), bhit, (t, tri), hit,
+                                           (O, D, tmin, tmax))
+    if record["vs_brute"]["mismatches"] or record["vs_brute"]["any_hit_mismatches"]:
         failures.append("vs GPU brute force")
 
     # CPU traversal on a strided subset
@@ -210,15 +204,9 @@ def check_mesh(path, watertight, args, rng):
                                                                device="cpu"))
     chit = np.asarray(tree.occluded(O[sub], D[sub], tmin[sub], tmax[sub], device="cpu"))
     record["cpu_s"] = time.perf_counter() - t0
-    bad = np.flatnonzero(compare_hits((t[sub], tri[sub]), (ct, ctri)).bad)
-    bad_cany = np.flatnonzero(chit != hit[sub])
-    record["vs_cpu"] = {
-        "rays": int(sub.size), "mismatches": int(bad.size), "any_hit_mismatches": int(bad_cany.size),
-        "same_triangle": float(np.mean(tri[sub] == ctri)),
-        "first": describe_mismatches(sub[bad], O, D, tmin, tmax,
-                                     {"gpu": (t, tri), "cpu": (_scatter(ct, sub, args.rays),
-                                                               _scatter(ctri, sub, args.rays))})}
-    if bad.size or bad_cany.size:
+    record["vs_cpu"] = _subset_agreement("cpu", sub, (ct, ctri), chit, (t, tri), hit,
+                                         (O, D, tmin, tmax))
+    if record["vs_cpu"]["mismatches"] or record["vs_cpu"]["any_hit_mismatches"]:
         failures.append("vs CPU traversal")
 
     # watertightness: rays from inside a closed mesh always hit
@@ -253,6 +241,21 @@ def _scatter(values, index, n):
     full = np.full(n, -1 if values.dtype.kind == "i" else np.nan, dtype=values.dtype)
     full[index] = values
     return full
+
+
+def _subset_agreement(name, sub, other, other_hit, gpu, gpu_hit, rays):
+    """How the GPU's answers for the rays ``sub`` agree with ``other`` (closest and any hit)."""
+    from kdtree_gpu.testing import compare_hits
+
+    (t, tri), (ot, otri) = gpu, other
+    n = t.size
+    bad = np.flatnonzero(compare_hits((t[sub], tri[sub]), (ot, otri)).bad)
+    bad_any = np.flatnonzero(other_hit != gpu_hit[sub])
+    return {"rays": int(sub.size), "mismatches": int(bad.size), "any_hit_mismatches": int(bad_any.size),
+            "same_triangle": float(np.mean(tri[sub] == otri)),
+            "first": describe_mismatches(sub[bad], *rays,
+                                         {"gpu": (t, tri),
+                                          name: (_scatter(ot, sub, n), _scatter(otri, sub, n))})}
 
 
 def read_watertight(mesh_dir):

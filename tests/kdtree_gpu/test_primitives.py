@@ -25,6 +25,14 @@ def random_offsets(rng, n, num_segments, empty_share=0.3):
     return np.concatenate([[0], np.sort(cuts), [n]]).astype(np.int64)
 
 
+def small_integers(rng, n, low, high, dtype):
+    """n integers in [low, high) as dtype (their absolute values for unsigned types)."""
+    values = rng.integers(low, high, size=n)
+    if np.dtype(dtype).kind == "u":
+        values = np.abs(values)
+    return values.astype(dtype)
+
+
 def offsets_cases(rng, n):
     """Named segmentations of n elements: one segment, singletons, random with empties."""
     cases = {
@@ -133,10 +141,7 @@ def test_segmented_scan_rejects_bad_arguments():
 def test_segmented_reduce_matches_loop(op, dtype):
     rng = np.random.default_rng(3)
     n = 211
-    values = rng.integers(-50, 50, size=n)
-    if np.dtype(dtype).kind == "u":
-        values = np.abs(values)
-    values = values.astype(dtype)
+    values = small_integers(rng, n, -50, 50, dtype)
     identity = P.segmented._identity(np.dtype(P.scan._scan_dtype(values, None) if op == "sum" else dtype), op)
     for name, offsets in offsets_cases(rng, n).items():
         got = P.segmented_reduce(values, offsets, op)
@@ -211,10 +216,7 @@ def test_ordered_uint_is_an_order_preserving_bijection(dtype):
 def test_radix_sort_is_stable(dtype):
     rng = np.random.default_rng(9)
     n = 300
-    keys = rng.integers(-3, 4, size=n)
-    if np.dtype(dtype).kind == "u":
-        keys = np.abs(keys)
-    keys = keys.astype(dtype)
+    keys = small_integers(rng, n, -3, 4, dtype)
     payload = np.arange(n)
     extra = rng.random(n)
     keys_sorted, (p_sorted, e_sorted) = P.radix_sort(keys, (payload, extra))
