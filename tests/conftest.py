@@ -42,6 +42,20 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture
+def mesh_path():
+    """Path of a real mesh by name (skips the test when the mesh folder lacks it)."""
+
+    def find(name):
+        folder = os.environ.get("KDTREE_GPU_MESH_DIR")
+        path = os.path.join(folder or "", name + ".ply")
+        if not folder or not os.path.isfile(path):
+            pytest.skip(f"mesh {name} not found (set KDTREE_GPU_MESH_DIR)")
+        return path
+
+    return find
+
+
+@pytest.fixture
 def rng():
     """A NumPy generator with a fixed seed (same numbers on every run)."""
     return np.random.default_rng(12345)

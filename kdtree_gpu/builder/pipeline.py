@@ -15,6 +15,7 @@ from .. import encoding as enc
 from ..launch import stage
 from ..primitives import exclusive_scan
 from .soa import EventSoA, NodeSoA, RefSoA, TreeNodeSoA
+from .clip import clip_straddling, reference_boxes
 from .stages import (classify_triangles, compute_split_costs, create_root_events, decide_leaves,
                      emit_level, make_child_nodes, route_to_children, select_best_splits,
                      split_events, split_refs)
@@ -62,8 +63,10 @@ def root_level_xp(xp, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     return XpLevel(events, refs, nodes), tri_lo, tri_hi
 
 
-def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int) -> dict:
+def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int, mesh=None) -> dict:
     """Every stage of one level, in the order of the method.
+
+    ``mesh`` is ``(vertices, faces)`` on ``xp``, needed with ``cfg.clip``.
 
     Returns
     -------
@@ -96,8 +99,14 @@ def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int) -> dict:
         node_split = out["node_split"] = decide_leaves(xp, nodes, best, node_active, cfg)
         split_rank = out["split_rank"] = exclusive_scan(node_split, dtype=np.int64)
     with stage(xp=xp, description="classify_triangles"):
-        ref_class = out["ref_class"] = classify_triangles(xp, refs, best, node_split, tri_lo,
-                                                          tri_hi)
+        if cfg.clip:
+            # a reference's box in its node: its triangle's, clipped above (R2)
+            ref_lo, ref_hi = reference_boxes(xp, events, refs.size, n)
+            ref_class = classify_triangles(xp, refs, best, node_split, ref_lo, ref_hi,
+                                           per_reference=True)
+        else:
+            ref_class = classify_triangles(xp, refs, best, node_split, tri_lo, tri_hi)
+        out["ref_class"] = ref_class
     with stage(xp=xp, description="route_refs"):
         # Child groups: 2 per splitting node; 2n is a bound that needs no sync.
         node_child_left = xp.where(node_split, 2 * split_rank[:-1], 2 * n)
@@ -106,6 +115,9 @@ def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int) -> dict:
             refs.ref_node, nodes.node_ref_offset, node_child_left, 2 * n)
     with stage(xp=xp, description="route_events"):
         event_class = ref_class[events.event_ref]
+        if cfg.clip:
+            # straddling references get new events in each child (clip_straddling)
+            event_class = xp.where(event_class == enc.CLASS_BOTH, np.uint8(0), event_class)
         num_split_dev = split_rank[-1]
         seg = xp.arange(3 * n, dtype=np.int64)
         seg_node = seg % n
@@ -140,15 +152,22 @@ def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int) -> dict:
                                     ref_route)
     with stage(xp=xp, description="make_child_nodes"):
         child_lo, child_hi = make_child_nodes(xp, nodes, node_split, best, split_rank, num_split)
-        child_nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
-                              node_ref_offset=ref_route.child_offset[:2 * num_split + 1],
-                              seg_event_offset=event_route.child_offset[:6 * num_split + 1])
+    seg_event_offset = event_route.child_offset[:6 * num_split + 1]
+    if cfg.clip:
+        with stage(xp=xp, description="clip_straddling"):
+            child_events, seg_event_offset = clip_straddling(
+                xp, mesh[0], mesh[1], refs, ref_lo, ref_hi, ref_class, ref_route, best, nodes,
+                split_rank, seg_child_left, child_lo, child_hi, child_events, seg_event_offset,
+                num_split)
+    child_nodes = NodeSoA(node_lo=child_lo, node_hi=child_hi,
+                          node_ref_offset=ref_route.child_offset[:2 * num_split + 1],
+                          seg_event_offset=seg_event_offset)
     out["next"] = XpLevel(child_events, child_refs, child_nodes, level + 1,
                           lvl.level_base + n, lvl.leaf_ref_base + num_leaf_refs)
     return out
 
 
-def build_levels_xp(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
+def build_levels_xp(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h, mesh_h=None):
     """Run the stages level by level on ``xp`` arrays.
 
     Parameters
@@ -160,6 +179,8 @@ def build_levels_xp(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     valid_h : (num_triangles,) bool (host)
     bounds_h : (2, 3) float32 (host)
         From :func:`kdtree_gpu.mesh.prepare_mesh`.
+    mesh_h : (vertices, faces), optional
+        The prepared mesh (host), needed with ``cfg.clip``.
 
     Returns
     -------
@@ -171,11 +192,15 @@ def build_levels_xp(xp, cfg, tri_lo_h, tri_hi_h, valid_h, bounds_h):
     """
     lvl, tri_lo, tri_hi = root_level_xp(xp, tri_lo_h, tri_hi_h, valid_h, bounds_h)
     max_depth = cfg.resolved_max_depth(lvl.refs.size)
+    mesh = None
+    if cfg.clip:
+        with stage(xp=xp, description="upload"):
+            mesh = tuple(xp.asarray(a) for a in mesh_h)
     parts = []
     level_sizes = []
     while lvl is not None:
         level_sizes.append((lvl.nodes.size, lvl.refs.size, lvl.events.size))
-        result = run_level(xp, cfg, lvl, tri_lo, tri_hi, max_depth)
+        result = run_level(xp, cfg, lvl, tri_lo, tri_hi, max_depth, mesh)
         parts.append(result["level_arrays"])
         levels = lvl.level + 1
         lvl = result["next"]

@@ -216,8 +216,13 @@ def decide_leaves(xp, nodes, best, node_active, cfg):
     return node_active & (best.node_cost < cfg.k_intersect * node_n)
 
 
-def classify_triangles(xp, refs, best, node_split, tri_lo, tri_hi):
+def classify_triangles(xp, refs, best, node_split, box_lo, box_hi, per_reference=False):
     """Class of every reference: 0 (its node is a leaf), left, right or both (R9).
+
+    Parameters
+    ----------
+    box_lo, box_hi : (num_triangles, 3) or, with ``per_reference``, (num_refs, 3) float32
+        The triangles' boxes, or (with clipping) each reference's box in its node.
 
     Returns
     -------
@@ -227,8 +232,9 @@ def classify_triangles(xp, refs, best, node_split, tri_lo, tri_hi):
     node = refs.ref_node
     axis = best.node_axis[node].astype(np.int64)
     p = best.node_pos[node]
-    a = tri_lo[refs.ref_tri, axis]
-    b = tri_hi[refs.ref_tri, axis]
+    row = xp.arange(refs.size) if per_reference else refs.ref_tri
+    a = box_lo[row, axis]
+    b = box_hi[row, axis]
     cls = xp.full(refs.size, enc.CLASS_BOTH, dtype=np.uint8)
     cls = xp.where(b <= p, np.uint8(enc.CLASS_LEFT), cls)
     cls = xp.where(a >= p, np.uint8(enc.CLASS_RIGHT), cls)

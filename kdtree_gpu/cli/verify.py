@@ -16,9 +16,15 @@ EXAMPLES = """examples:
   kdtree-gpu verify cornell --device cpu --rays 10000"""
 
 
-def pipeline(device):
-    """The level-by-level builder on ``device``: ``(name for output, kernels for kd.build)``."""
-    return ("GPU pipeline", "fused") if device.is_cuda else ("NumPy pipeline", "xp")
+def pipeline(device, config):
+    """The level-by-level builder on ``device``: ``(name for output, kernels for kd.build)``.
+
+    On a GPU the CUDA drivers, or with perfect splits (which they lack) the
+    stage functions on CuPy.
+    """
+    if not device.is_cuda:
+        return "NumPy pipeline", "xp"
+    return ("GPU pipeline (CuPy)", "xp") if config.clip else ("GPU pipeline", "fused")
 
 
 def run(args) -> int:
@@ -32,7 +38,7 @@ def run(args) -> int:
     vertices, faces = load_input(item)
     # a mesh that no builder can build is a bad input, not a FAIL of the builders
     bounds = check_buildable(item, vertices, faces)
-    name, kernels = pipeline(device)
+    name, kernels = pipeline(device, config)
     reasons, lines = [], []
     facts = {"mesh": item.subject, "device": str(device), "builder": name, "rays": args.rays}
 
@@ -43,7 +49,7 @@ def run(args) -> int:
         except (KeyboardInterrupt, CliError):
             raise
         except NotImplementedError as exc:
-            # settings the pipeline lacks (--clip): nothing to verify
+            # settings a builder lacks: nothing to verify
             raise CliError(f"{what}: {exc}") from exc
         except Exception as exc:
             if args.debug:

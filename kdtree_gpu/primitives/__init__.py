@@ -12,7 +12,7 @@ primitives (``cuda/scan.cuh`` is the block scan of both).
 
 Modules: :mod:`.scan` (prefix sums), :mod:`.keys` (order-preserving float
 keys), :mod:`.segmented` (segment ids, reductions, arg-min), :mod:`.sort`
-(radix sort, binary search, compaction).
+(radix sort, binary search, also within segments, compaction).
 
 Segments
 --------
@@ -31,9 +31,10 @@ count that sizes their output). Everything else is launched asynchronously.
 from .keys import float_to_ordered_uint, ordered_uint_to_float
 from .scan import exclusive_scan, inclusive_scan, inclusive_scan_pair, segmented_scan
 from .segmented import REDUCE_OPS, segment_ids, segmented_argmin, segmented_reduce
-from .sort import compact, compact_indices, lower_bound, radix_sort, upper_bound
+from .sort import (compact, compact_indices, lower_bound, radix_sort, segmented_lower_bound,
+                   upper_bound)
 
 __all__ = ["REDUCE_OPS", "compact", "compact_indices", "exclusive_scan", "float_to_ordered_uint",
            "inclusive_scan", "inclusive_scan_pair", "lower_bound", "ordered_uint_to_float",
-           "radix_sort", "segment_ids", "segmented_argmin", "segmented_reduce", "segmented_scan",
-           "upper_bound"]
+           "radix_sort", "segment_ids", "segmented_argmin", "segmented_lower_bound", "segmented_reduce",
+           "segmented_scan", "upper_bound"]

@@ -36,6 +36,47 @@ def upper_bound(sorted_values, queries):
     return _search(sorted_values, queries, "right")
 
 
+def segmented_lower_bound(sorted_values, offsets, queries, query_segment, max_length=None):
+    """:func:`lower_bound` of each query within its own segment.
+
+    Parameters
+    ----------
+    sorted_values : (m,)
+        Ascending within each segment (the segments need not be ordered
+        among each other).
+    offsets : (num_segments + 1,) int64
+        Segment ``s`` is ``sorted_values[offsets[s]:offsets[s + 1]]``.
+    queries : (q,) same kind
+    query_segment : (q,) int
+        The segment each query searches.
+    max_length : int, optional
+        A bound on the longest segment (a host number: the bisection's step
+        count); default ``m``.
+
+    Returns
+    -------
+    index : (q,) int64
+        Smallest ``j`` in ``[offsets[s], offsets[s + 1]]`` with
+        ``sorted_values[j] >= query`` (``offsets[s + 1]`` if none), an index
+        into ``sorted_values``.
+    """
+    xp = get_xp(sorted_values, offsets, queries, query_segment)
+    _check_1d("sorted_values", sorted_values)
+    m = sorted_values.shape[0]
+    seg = query_segment.astype(np.int64, copy=False)
+    lo = offsets[seg].astype(np.int64)
+    hi = offsets[seg + 1].astype(np.int64)
+    if m == 0:
+        return lo
+    # bisection: every query's range at least halves per step
+    for _ in range(int(m if max_length is None else max_length).bit_length()):
+        mid = (lo + hi) // 2
+        below = (mid < hi) & (sorted_values[xp.minimum(mid, m - 1)] < queries)
+        hi = xp.where(below, hi, xp.minimum(mid, hi))
+        lo = xp.where(below, mid + 1, lo)
+    return lo
+
+
 def _search(sorted_values, queries, side):
     xp = get_xp(sorted_values, queries)
     _check_1d("sorted_values", sorted_values)

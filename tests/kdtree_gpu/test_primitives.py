@@ -193,6 +193,33 @@ def test_segment_ids_and_binary_search():
     assert P.upper_bound(s, q).tolist() == [0, 1, 4, 4, 5, 5]
 
 
+def segmented_search_case(rng, n):
+    """Values sorted within random segments (some empty), queries with their segments."""
+    offsets = random_offsets(rng, n, max(1, n // 7))
+    values = rng.integers(0, 40, size=n).astype(np.uint64)
+    for s in range(offsets.size - 1):
+        values[offsets[s]:offsets[s + 1]].sort()
+    query_segment = rng.integers(0, offsets.size - 1, size=501)
+    queries = rng.integers(-1, 42, size=501).clip(0).astype(np.uint64)
+    return values, offsets, queries, query_segment
+
+
+def segmented_lower_bound_loop(values, offsets, queries, query_segment):
+    """The oracle: NumPy's searchsorted in each query's segment."""
+    return np.array([offsets[s] + np.searchsorted(values[offsets[s]:offsets[s + 1]], q)
+                     for q, s in zip(queries, query_segment)], dtype=np.int64)
+
+
+@pytest.mark.parametrize("n", SIZES[:-1])
+def test_segmented_lower_bound_matches_a_search_per_segment(n):
+    case = segmented_search_case(np.random.default_rng(n), n)
+    expected = segmented_lower_bound_loop(*case)
+    np.testing.assert_array_equal(P.segmented_lower_bound(*case), expected)
+    # a bound on the longest segment is enough for the bisection
+    longest = int(np.diff(case[1]).max())
+    np.testing.assert_array_equal(P.segmented_lower_bound(*case, max_length=longest), expected)
+
+
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_ordered_uint_is_an_order_preserving_bijection(dtype):
     rng = np.random.default_rng(5)
@@ -363,6 +390,9 @@ def test_gpu_segment_ids_search_order_sort_compact(n):
     q = rng.integers(-1, 52, size=777)
     np.testing.assert_array_equal(P.lower_bound(cupy.asarray(s), cupy.asarray(q)).get(), P.lower_bound(s, q))
     np.testing.assert_array_equal(P.upper_bound(cupy.asarray(s), cupy.asarray(q)).get(), P.upper_bound(s, q))
+    case = segmented_search_case(rng, n)
+    np.testing.assert_array_equal(P.segmented_lower_bound(*(cupy.asarray(a) for a in case)).get(),
+                                  segmented_lower_bound_loop(*case))
     for dtype in (np.float32, np.float64):
         x = rng.standard_normal(n).astype(dtype)
         if n:
