@@ -110,6 +110,10 @@ SUMMARY_BAD_COORD = 2  # flag bit: a non-finite coordinate
 KEY_REF_BITS = 28
 MAX_TRIANGLES = (1 << KEY_REF_BITS) - 1
 
+# --- perfect splits (clip=True) -------------------------------------------------
+# A triangle clipped to a box by six half-spaces keeps at most 3 + 6 vertices.
+CLIP_MAX_POLY = 9
+
 # --- float64 bit patterns of split costs --------------------------------------
 # Costs are >= 0 or +inf, so their IEEE bits order like the values and an
 # integer atomicMin on the bits is an exact float64 minimum.

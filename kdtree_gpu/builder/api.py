@@ -8,10 +8,10 @@ kernels       device   what runs
 "reference"   cpu      the Wald & Havran builder of :mod:`cpu_reference` (numba;
                        the default on the CPU: the fastest identical tree there)
 "xp"          cpu      the level pipeline (:mod:`.pipeline`) on NumPy
-"xp"          cuda     the same stage functions on CuPy (the kernels' twin; the
-                       default with ``clip=True``, which the CUDA drivers lack)
+"xp"          cuda     the same stage functions on CuPy (the kernels' twin)
 "fused"       cuda     the CUDA drivers (:mod:`.gpu`): levels in the level-loop
-                       kernel, large ones one launch per stage (the default)
+                       kernel, large ones one launch per stage (the default);
+                       with ``clip=True`` every level one launch per stage
 "stages"      cuda     the CUDA drivers, every level one launch per stage
 ============  =======  ==========================================================
 
@@ -77,8 +77,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
         Record a per-stage time table in ``tree.build_info["profile"]`` and
         ``["profile_table"]`` (level builders).
     kernels : str, optional
-        Which builder runs (module docstring); default ``"fused"`` on a GPU
-        (``"xp"`` with ``config.clip``), ``"reference"`` on the CPU.
+        Which builder runs (module docstring); default ``"fused"`` on a GPU,
+        ``"reference"`` on the CPU.
     settings : GpuSettings, optional
         How the GPU drivers run their levels (tests use it to reach every
         path); the default is what the measurements chose.
@@ -99,8 +99,6 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
         Invalid mesh (see :func:`kdtree_gpu.mesh.validate_mesh`).
     ValueError
         Unknown device or kernels, or kernels that do not run on the device.
-    NotImplementedError
-        ``config.clip=True`` with ``kernels="fused"`` or ``"stages"``.
     MemoryError
         The build does not fit in device memory (the GPU stays usable).
     """
@@ -110,17 +108,13 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
     vertices, faces = _as_mesh_arrays(vertices, faces)
     dev = _build_device(device, vertices, faces)
     if kernels is None:
-        kernels = ("xp" if cfg.clip else "fused") if dev.is_cuda else "reference"
+        kernels = "fused" if dev.is_cuda else "reference"
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     if kernels not in _KERNELS_ON[dev.kind]:
         raise ValueError(f"kernels={kernels!r} does not run on device {str(dev)!r} "
                          f"(there: {', '.join(_KERNELS_ON[dev.kind])})")
     settings = DEFAULT_SETTINGS if settings is None else settings
-    if cfg.clip and kernels in ("fused", "stages"):
-        raise NotImplementedError(
-            "perfect splits (clip=True) are not implemented in the CUDA level builder yet; "
-            "use kernels='xp' (the level pipeline on CuPy), device='cpu', or clip=False")
     if np.shape(faces)[0] > MAX_TRIANGLES:
         raise ValueError(f"too many triangles: {np.shape(faces)[0]} (at most {MAX_TRIANGLES})")
     start = time.perf_counter()

@@ -31,8 +31,7 @@ from ..primitives import (compact_indices, float_to_ordered_uint, lower_bound, r
                           segmented_lower_bound, upper_bound)
 from .soa import EventSoA
 
-# A triangle clipped by six half-spaces has at most 3 + 6 = 9 vertices.
-MAX_POLY = 9
+MAX_POLY = enc.CLIP_MAX_POLY
 
 # Order of events within a segment as one 64-bit key: position bits, kind,
 # the reference's index within its node (fewer than 2**KEY_REF_BITS).

@@ -72,7 +72,8 @@ def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int, mesh=None) 
     -------
     dict
         Each stage's outputs by name (``event_cost``, ``event_side``, ``best``,
-        ``node_split``, ``split_rank``, ``ref_class``, ``ref_route``,
+        ``node_split``, ``split_rank``, with clipping ``ref_lo`` and ``ref_hi``,
+        ``ref_class``, ``ref_route``,
         ``event_route``, ``seg_child_left``, the four counts, ``level_arrays``),
         and ``next``: the next :class:`XpLevel`, or ``None`` when no node splits.
         The GPU tests compare these with the CUDA stages, stage by stage.
@@ -101,7 +102,8 @@ def run_level(xp, cfg, lvl: XpLevel, tri_lo, tri_hi, max_depth: int, mesh=None) 
     with stage(xp=xp, description="classify_triangles"):
         if cfg.clip:
             # a reference's box in its node: its triangle's, clipped above (R2)
-            ref_lo, ref_hi = reference_boxes(xp, events, refs.size, n)
+            ref_lo, ref_hi = out["ref_lo"], out["ref_hi"] = reference_boxes(xp, events,
+                                                                           refs.size, n)
             ref_class = classify_triangles(xp, refs, best, node_split, ref_lo, ref_hi,
                                            per_reference=True)
         else:

@@ -16,15 +16,9 @@ EXAMPLES = """examples:
   kdtree-gpu verify cornell --device cpu --rays 10000"""
 
 
-def pipeline(device, config):
-    """The level-by-level builder on ``device``: ``(name for output, kernels for kd.build)``.
-
-    On a GPU the CUDA drivers, or with perfect splits (which they lack) the
-    stage functions on CuPy.
-    """
-    if not device.is_cuda:
-        return "NumPy pipeline", "xp"
-    return ("GPU pipeline (CuPy)", "xp") if config.clip else ("GPU pipeline", "fused")
+def pipeline(device):
+    """The level-by-level builder on ``device``: ``(name for output, kernels for kd.build)``."""
+    return ("GPU pipeline", "fused") if device.is_cuda else ("NumPy pipeline", "xp")
 
 
 def run(args) -> int:
@@ -38,7 +32,7 @@ def run(args) -> int:
     vertices, faces = load_input(item)
     # a mesh that no builder can build is a bad input, not a FAIL of the builders
     bounds = check_buildable(item, vertices, faces)
-    name, kernels = pipeline(device, config)
+    name, kernels = pipeline(device)
     reasons, lines = [], []
     facts = {"mesh": item.subject, "device": str(device), "builder": name, "rays": args.rays}
 

@@ -122,11 +122,11 @@ extern "C" __global__ void kd_classify(const int* __restrict__ ref_tri,
                                        long long num_refs, long long num_events,
                                        unsigned char* __restrict__ ref_class,
                                        long long* __restrict__ ref_lr,
-                                       long long* __restrict__ event_lr)
+                                       long long* __restrict__ event_lr, int clip)
 {
     KdClassifyArgs a = {ref_tri, ref_node, event_ref, best_axis, best_pos, best_side,
                         node_split, tri_lo, tri_hi, num_refs, num_events, ref_class, ref_lr,
-                        event_lr};
+                        event_lr, clip};
     kd_classify_item(a, kd_tid());
 }
 
@@ -226,13 +226,13 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
                                       float* __restrict__ out_pos,
                                       signed char* __restrict__ out_kind,
                                       int* __restrict__ out_ref,
-                                      int* __restrict__ out_seg)
+                                      int* __restrict__ out_seg, int clip)
 {
     KdScatterArgs a = {ref_tri, ref_node, ref_class, ref_lr_ex, node_ref_offset, split_leaf_ex,
                        child_ref_offset, event_pos, event_kind, event_ref, event_seg,
                        event_lr_ex, seg_event_offset, child_event_offset, num_nodes, num_refs,
                        num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,
-                       out_kind, out_ref, out_seg};
+                       out_kind, out_ref, out_seg, clip};
     kd_scatter_item(a, kd_tid());
 }
 

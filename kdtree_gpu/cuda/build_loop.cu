@@ -185,7 +185,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         // (split, leaf count) values
         KdClassifyArgs classify = {tri, node, ref, s.best_axis, s.best_pos, s.best_side,
                                    s.node_split, tri_lo, tri_hi, num_refs, num_events,
-                                   s.ref_class, s.ref_lr, nullptr};
+                                   s.ref_class, s.ref_lr, nullptr, 0};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();
@@ -250,7 +250,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                                  s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
                                  s.event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
-                                 child_pos, child_kind, child_ref, child_seg};
+                                 child_pos, child_kind, child_ref, child_seg, 0};
         kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
         if (leader) {
             status[KD_LOOP_SLOTS + 3 * level] = n;

@@ -263,7 +263,9 @@ __device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
 // Stages classify_triangles and route_events' flags in one launch over
 // max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
 // event i, which classifies its own reference again rather than wait for it.
-// Both scan inputs get a leading 0.
+// Both scan inputs get a leading 0. With perfect splits (clip) the boxes are
+// the references' own (row = reference, not triangle) and a straddling
+// reference's events go to no child: clip.cu makes new ones.
 struct KdClassifyArgs {
     const int* ref_tri;
     const int* ref_node;
@@ -278,6 +280,7 @@ struct KdClassifyArgs {
     unsigned char* ref_class;
     long long* ref_lr;    // (R + 1)
     long long* event_lr;  // (E + 1)
+    int clip;
 };
 
 // Reference i only (ref_class, ref_lr).
@@ -285,8 +288,9 @@ __device__ __forceinline__ void kd_classify_ref(const KdClassifyArgs& a, long lo
 {
     if (i == 0) a.ref_lr[0] = 0;
     if (i < a.num_refs) {
-        unsigned char cls = kd_classify(a.ref_tri[i], a.ref_node[i], a.best_axis, a.best_pos,
-                                        a.best_side, a.node_split, a.tri_lo, a.tri_hi);
+        unsigned char cls = kd_classify(a.clip ? (int)i : a.ref_tri[i], a.ref_node[i],
+                                        a.best_axis, a.best_pos, a.best_side, a.node_split,
+                                        a.tri_lo, a.tri_hi);
         a.ref_class[i] = cls;
         a.ref_lr[i + 1] = kd_pack_lr(cls);
     }
@@ -298,10 +302,10 @@ __device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long l
     if (i == 0) a.event_lr[0] = 0;
     if (i < a.num_events) {
         int ref = a.event_ref[i];
-        unsigned char cls = kd_classify(a.ref_tri[ref], a.ref_node[ref], a.best_axis,
-                                        a.best_pos, a.best_side, a.node_split, a.tri_lo,
-                                        a.tri_hi);
-        a.event_lr[i + 1] = kd_pack_lr(cls);
+        unsigned char cls = kd_classify(a.clip ? ref : a.ref_tri[ref], a.ref_node[ref],
+                                        a.best_axis, a.best_pos, a.best_side, a.node_split,
+                                        a.tri_lo, a.tri_hi);
+        a.event_lr[i + 1] = a.clip && cls == KD_CLASS_BOTH ? 0 : kd_pack_lr(cls);
     }
 }
 
@@ -452,6 +456,7 @@ struct KdScatterArgs {
     signed char* out_kind;
     int* out_ref;
     int* out_seg;
+    int clip;  // straddling references' events stay behind (KdClassifyArgs)
 };
 
 __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
@@ -481,7 +486,7 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
     if (i < a.num_events) {
         int ref = a.event_ref[i];
         unsigned char cls = a.ref_class[ref];
-        if (cls == 0) return;
+        if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
         int node = a.ref_node[ref];
         long long rl, rr;
         kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,

@@ -1,6 +1,7 @@
 // Parallel primitives of kdtree_gpu/primitives.py that have no exact CuPy
-// built-in: the int64 inclusive scan (three launches, or one for small arrays)
-// and the segmented min / max / argmin over order-preserving unsigned keys.
+// built-in: the int64 inclusive scan (three launches, or one for small arrays),
+// the segmented min / max / argmin over order-preserving unsigned keys, and
+// the binary search within segments.
 #include "common.cuh"
 #include "scan.cuh"
 
@@ -145,4 +146,28 @@ kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* _
         kd_block_scan(KdLoadArray{in0}, n0, out0);
     else
         kd_block_scan(KdLoadArray{in1}, n1, out1);
+}
+
+// --- segmented lower bound ------------------------------------------------------
+//
+// kdtree_gpu.primitives.segmented_lower_bound on the GPU: query q searches
+// values[offsets[s]:offsets[s + 1]] (ascending) for s = query_segment[q] and
+// gets the first index whose value is >= its key (offsets[s + 1] if none).
+extern "C" __global__ void kd_segmented_lower_bound_u64(const unsigned long long* values,
+                                                        const long long* offsets,
+                                                        const unsigned long long* queries,
+                                                        const long long* query_segment,
+                                                        long long num_queries, long long* out)
+{
+    long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (q >= num_queries) return;
+    long long s = query_segment[q];
+    long long lo = offsets[s], hi = offsets[s + 1];
+    unsigned long long key = queries[q];
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (values[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    out[q] = lo;
 }

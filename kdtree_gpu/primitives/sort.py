@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..arrays import get_xp
-from ..launch import stage
+from ..launch import launch, stage
 from .keys import _FLOAT_UINT, float_to_ordered_uint
 from .scan import _check_1d
 
@@ -64,6 +64,8 @@ def segmented_lower_bound(sorted_values, offsets, queries, query_segment, max_le
     _check_1d("sorted_values", sorted_values)
     m = sorted_values.shape[0]
     seg = query_segment.astype(np.int64, copy=False)
+    if xp is not np and sorted_values.dtype == np.uint64 and queries.dtype == np.uint64:
+        return _segmented_lower_bound_cuda(sorted_values, offsets, queries, seg)
     lo = offsets[seg].astype(np.int64)
     hi = offsets[seg + 1].astype(np.int64)
     if m == 0:
@@ -75,6 +77,20 @@ def segmented_lower_bound(sorted_values, offsets, queries, query_segment, max_le
         hi = xp.where(below, hi, xp.minimum(mid, hi))
         lo = xp.where(below, mid + 1, lo)
     return lo
+
+
+def _segmented_lower_bound_cuda(sorted_values, offsets, queries, segment):
+    import cupy
+
+    from ..kernels import get_function
+
+    out = cupy.empty(queries.shape[0], dtype=np.int64)
+    kernel = get_function("primitives.cu", "kd_segmented_lower_bound_u64")
+    launch("segmented lower bound", kernel, queries.shape[0],
+           (cupy.ascontiguousarray(sorted_values), cupy.ascontiguousarray(offsets, dtype=np.int64),
+            cupy.ascontiguousarray(queries), cupy.ascontiguousarray(segment),
+            np.int64(queries.shape[0]), out))
+    return out
 
 
 def _search(sorted_values, queries, side):

@@ -92,7 +92,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
     state = LoopState(events, refs, nodes)
     grid_loop = None
-    if loop == "grid" and settings.level_loop:
+    if loop == "grid" and settings.level_loop and not cfg.clip:
+        # the level-loop kernel does not clip: every clipped level runs by stages
         grid_loop = level_loop_kernel(cp)
     cap_tree = settings.loop_capacity(events.size, num_root)[3]
     out = TreeOutput(cp, cap_tree, cap_tree)
@@ -103,7 +104,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             if state.done:
                 break
             # The loop stopped at a level whose children are too large for it.
-        state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
+        state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
+                                   (V_d, F_d))
     peak = max(peak, state.peak_bytes)
     del tri_lo, tri_hi, state.events, state.refs, state.nodes
     with stage(xp=cp, description="traversal layout"):

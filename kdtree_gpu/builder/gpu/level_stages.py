@@ -9,7 +9,8 @@ Each stage is a function of its own, named after its NumPy twin in
 and compare their outputs); :func:`build_level_stages` runs them in order.
 Levels below ``GpuSettings.small_level`` run the block-wide variants
 (``kd_small_*``: one launch for the stages between two grid-wide
-dependencies).
+dependencies). Perfect splits (``SAHConfig(clip=True)``) run here only: the
+kernels of ``cuda/clip.cu`` plus the event merge of :mod:`..clip` on CuPy.
 """
 
 from __future__ import annotations
@@ -19,10 +20,12 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import inclusive_scan, inclusive_scan_pair
+from ...primitives import compact_indices, inclusive_scan, inclusive_scan_pair
+from ..clip import make_clipped_events, merge_events
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
 
 _SOURCE = "build.cu"
+_CLIP_SOURCE = "clip.cu"
 i64, f64 = np.int64, np.float64
 
 
@@ -104,9 +107,27 @@ def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_m
     return best, node_split, split_leaf_ex
 
 
-def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi):
+def reference_boxes_gpu(cp, events, num_refs, num_nodes):
+    """Each reference's box in its node, from its events (with clipping: R2).
+
+    Returns
+    -------
+    ref_lo, ref_hi : (num_refs, 3) float32
+    """
+    ref_lo = cp.empty((num_refs, 3), dtype=np.float32)
+    ref_hi = cp.empty((num_refs, 3), dtype=np.float32)
+    launch("classify_triangles: reference boxes", get_function(_CLIP_SOURCE, "kd_reference_boxes"),
+           events.size, (*events.args(), i64(events.size), i64(num_nodes), ref_lo, ref_hi))
+    return ref_lo, ref_hi
+
+
+def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, clip=False):
     """R9: the class of every reference (0 in a leaf) and the packed (left,
     right) routing flags of references and events, each after a leading 0.
+
+    With ``clip``, ``tri_lo``/``tri_hi`` are the references' boxes
+    (:func:`reference_boxes_gpu`) and a straddling reference's events route
+    nowhere (:func:`clip_straddling_gpu` makes new ones).
 
     Returns
     -------
@@ -121,7 +142,7 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi):
     launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
            (*refs.args(), events.event_ref, best.node_axis, best.node_pos,
             best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
-            ref_class, ref_lr, event_lr))
+            ref_class, ref_lr, event_lr, np.int32(clip)))
     return ref_class, ref_lr, event_lr
 
 
@@ -188,9 +209,11 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
 
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex,
                               split_leaf_ex, child_ref_offset, child_event_offset,
-                              num_child_refs, num_child_events, leaf_ref_base, leaf_tris):
+                              num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
+                              clip=False):
     """split_refs and split_events: stable compaction into the children (and
-    the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted.
+    the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
+    (with ``clip``, without the straddling references' events).
 
     Returns
     -------
@@ -203,16 +226,53 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
             split_leaf_ex, child_ref_offset, *events.args(), event_lr_ex, nodes.seg_event_offset,
             child_event_offset, i64(nodes.size), i64(refs.size), i64(events.size),
-            i64(leaf_ref_base), leaf_tris, *child_refs.args(), *child_events.args()))
+            i64(leaf_ref_base), leaf_tris, *child_refs.args(), *child_events.args(),
+            np.int32(clip)))
     return child_refs, child_events
 
 
-def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings):
+def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, nodes,
+                        split_leaf_ex, child_ref_offset, child_nodes, kept, kept_offset,
+                        num_split):
+    """Perfect splits: the straddling references' new events merged into the
+    kept ones (:func:`kdtree_gpu.builder.clip.clip_straddling` on the GPU).
+
+    The boxes come from ``kd_clip_copies`` (one thread per copy, the
+    reference's arithmetic); events and merge are the twin's functions on
+    CuPy. Reads the number of straddling references (a synchronization).
+
+    Returns
+    -------
+    events : EventSoA
+    seg_event_offset : (6 * num_split + 1,) int64
+    """
+    both = compact_indices(ref_class == enc.CLASS_BOTH)
+    num_both = int(both.shape[0])
+    if num_both == 0:
+        return kept, kept_offset
+    num_copies = 2 * num_both
+    copy_lo = cp.empty((num_copies, 3), dtype=np.float32)
+    copy_hi = cp.empty((num_copies, 3), dtype=np.float32)
+    copy_ref = cp.empty(num_copies, dtype=np.int64)
+    copy_seg = cp.empty((3, num_copies), dtype=np.int64)
+    launch("clip_straddling: clip", get_function(_CLIP_SOURCE, "kd_clip_copies"), num_copies,
+           (*mesh, *refs.args(), ref_lo, ref_hi, both, i64(num_both), ref_lr_ex,
+            nodes.node_ref_offset, split_leaf_ex, child_ref_offset, child_nodes.node_lo,
+            child_nodes.node_hi, i64(nodes.size), copy_lo, copy_hi, copy_ref, copy_seg))
+    with stage(xp=cp, description="clip_straddling: events"):
+        new = make_clipped_events(cp, copy_lo, copy_hi, copy_ref, copy_seg)
+    with stage(xp=cp, description="clip_straddling: merge"):
+        return merge_events(cp, kept, kept_offset, new, child_ref_offset[:2 * num_split + 1],
+                            2 * num_split)
+
+
+def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings, mesh=None):
     """Run one level from ``state`` with one launch per stage.
 
     Parameters
     ----------
     tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    mesh : (vertices, faces) on the device, needed with ``cfg.clip``
     state : LoopState
     out : TreeOutput
     max_depth : int
@@ -235,8 +295,11 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
     best, node_split, split_leaf_ex = select_best_splits_gpu(
         cp, cfg, events, nodes, event_cost, event_side, seg_min_cost, seg_best, level_active,
         small)
+    box_lo, box_hi = tri_lo, tri_hi
+    if cfg.clip:
+        box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
     ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, refs, events, best, node_split,
-                                                         tri_lo, tri_hi)
+                                                         box_lo, box_hi, cfg.clip)
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
     with stage(xp=cp, description="read_level_counts"):
@@ -249,7 +312,12 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
     child_refs, child_events = split_refs_and_events_gpu(
         cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
         child_ref_offset, child_event_offset, num_child_refs, num_child_events, leaf_ref_base,
-        out.leaf)
+        out.leaf, cfg.clip)
+    seg_event_offset = child_event_offset[:6 * num_split + 1]
+    if cfg.clip and num_split:
+        child_events, seg_event_offset = clip_straddling_gpu(
+            cp, mesh, refs, box_lo, box_hi, ref_class, ref_lr_ex, nodes, split_leaf_ex,
+            child_ref_offset, child_nodes, child_events, seg_event_offset, num_split)
     # Both levels' arrays are alive here: the build's high-water mark.
     state.peak_bytes = max(state.peak_bytes, cp.get_default_memory_pool().used_bytes())
     state.level_base = level_base + n
@@ -259,6 +327,6 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
         state.done = True
         return state
     child_nodes.node_ref_offset = child_ref_offset[:2 * num_split + 1]
-    child_nodes.seg_event_offset = child_event_offset[:6 * num_split + 1]
+    child_nodes.seg_event_offset = seg_event_offset
     state.events, state.refs, state.nodes = child_events, child_refs, child_nodes
     return state

@@ -203,25 +203,56 @@ def test_numpy_pipeline_clips_a_real_mesh(mesh_path):
                             kd.build(V, F, cfg, device="cpu", kernels="xp"))
 
 
-# --- GPU: the same code on CuPy -----------------------------------------------------------
+# --- GPU: the CUDA kernels and the same code on CuPy ----------------------------------------
 @gpu
 @needs_gpu
 def test_gpu_clipped_boxes_are_the_reference_bits():
     import cupy
 
+    from kdtree_gpu.kernels import get_function
+    from kdtree_gpu.launch import launch
+
     v, prev_lo, prev_hi, child_lo, child_hi = clip_cases(np.random.default_rng(21), 20000)
-    d = [cupy.asarray(a) for a in (v[:, 0], v[:, 1], v[:, 2], prev_lo, prev_hi, child_lo, child_hi)]
-    lo, hi = clip_child_boxes(cupy, *d)
     ref_lo, ref_hi = reference_clip(v, prev_lo, prev_hi, child_lo, child_hi)
+    rows = [cupy.asarray(np.ascontiguousarray(a)) for a in
+            (v[:, 0], v[:, 1], v[:, 2], prev_lo, prev_hi, child_lo, child_hi)]
+    # the NumPy twin on CuPy arrays
+    lo, hi = clip_child_boxes(cupy, *rows)
     np.testing.assert_array_equal(lo.get().view(np.uint32), ref_lo.view(np.uint32))
     np.testing.assert_array_equal(hi.get().view(np.uint32), ref_hi.view(np.uint32))
+    # the CUDA device function of the builder
+    out_lo, out_hi = cupy.empty_like(rows[3]), cupy.empty_like(rows[4])
+    launch("clip child boxes", get_function("clip.cu", "kd_clip_child_boxes"), v.shape[0],
+           (*rows, np.int64(v.shape[0]), out_lo, out_hi))
+    np.testing.assert_array_equal(out_lo.get().view(np.uint32), ref_lo.view(np.uint32))
+    np.testing.assert_array_equal(out_hi.get().view(np.uint32), ref_hi.view(np.uint32))
 
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("kernels", ["fused", "stages", "xp"])
 @pytest.mark.parametrize("seed", range(8))
-def test_gpu_xp_pipeline_clips_as_the_reference(seed):
+def test_gpu_builders_clip_as_the_reference(seed, kernels):
     V, F = clip_scene(seed)
     cfg = SAHConfig(clip=True, axes="all" if seed % 2 else "longest")
     scenes.assert_same_tree(cpu_reference.build(V, F, cfg),
-                            kd.build(V, F, cfg, device="cuda", kernels="xp"))
+                            kd.build(V, F, cfg, device="cuda", kernels=kernels))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("seed", range(0, 120, 3))
+def test_gpu_clip_equals_naive_builder(seed):
+    V, F = scenes.random_scene(seed)
+    cfg = CLIP_CONFIGS[seed % len(CLIP_CONFIGS)]
+    scenes.assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name", scenes.REAL_MESHES)
+@pytest.mark.parametrize("axes", ["all", "longest"])
+def test_gpu_clips_real_meshes_as_the_reference(name, axes, mesh_path):
+    V, F = kd.load_mesh(mesh_path(name))
+    cfg = SAHConfig(clip=True, axes=axes)
+    scenes.assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))

@@ -10,12 +10,15 @@ difference names the stage that made it.
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
-from kdtree_gpu import SAHConfig, encoding as enc
-from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, compute_split_costs_gpu,
-                                                 emit_level_gpu, route_to_children_gpu,
+from kdtree_gpu import SAHConfig
+from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_straddling_gpu,
+                                                 compute_split_costs_gpu, emit_level_gpu,
+                                                 reference_boxes_gpu, route_to_children_gpu,
                                                  select_best_splits_gpu,
                                                  split_refs_and_events_gpu)
 from kdtree_gpu.builder.gpu.output import TreeOutput
@@ -50,7 +53,7 @@ def equal(a, b, what):
     assert bad.size == 0, f"{what}: {bad.size} entries differ, first {bad[:5].tolist()}"
 
 
-def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small):
+def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     where = f"level {lvl.level} ({'block' if small else 'grid'} kernels)"
     level_active = lvl.level < max_depth
     cost, side, seg_min, seg_best = compute_split_costs_gpu(cp, cfg, lvl.events, lvl.nodes,
@@ -67,8 +70,13 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small):
         equal(getattr(best, name).get()[s], getattr(want["best"], name).get()[s],
               f"select_best_splits, {where}: {name}")
     equal(split_leaf_ex.get() & 0xFFFFFFFF, want["split_rank"], f"decide_leaves, {where}: rank")
+    box_lo, box_hi = tri_lo, tri_hi
+    if cfg.clip:
+        box_lo, box_hi = reference_boxes_gpu(cp, lvl.events, lvl.refs.size, lvl.nodes.size)
+        equal(box_lo, want["ref_lo"], f"reference_boxes, {where}: lo")
+        equal(box_hi, want["ref_hi"], f"reference_boxes, {where}: hi")
     ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, lvl.refs, lvl.events, best,
-                                                         node_split, tri_lo, tri_hi)
+                                                         node_split, box_lo, box_hi, cfg.clip)
     equal(ref_class, want["ref_class"], f"classify_triangles, {where}")
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, lvl.nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
@@ -89,7 +97,13 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small):
         equal(got[lvl.level_base:lvl.level_base + n], expected, f"emit_level, {where}: {name}")
     child_refs, child_events = split_refs_and_events_gpu(
         cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
-        child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf)
+        child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf,
+        cfg.clip)
+    seg_event_offset = child_event_offset[:6 * num_split + 1]
+    if cfg.clip and num_split:
+        child_events, seg_event_offset = clip_straddling_gpu(
+            cp, mesh, lvl.refs, box_lo, box_hi, ref_class, ref_lr_ex, lvl.nodes, split_leaf_ex,
+            child_ref_offset, child_nodes, child_events, seg_event_offset, num_split)
     equal(out.leaf[lvl.leaf_ref_base:lvl.leaf_ref_base + counts[3]], want["level_arrays"][4],
           f"split_refs, {where}: leaf_tris")
     nxt = want["next"]
@@ -101,20 +115,22 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small):
         equal(got, expected, f"split_refs, {where}: {name}")
     for got, expected, name in zip(child_events.args(), nxt.events.args(),
                                    ("event_pos", "event_kind", "event_ref", "event_seg")):
-        equal(got, expected, f"split_events, {where}: {name}")
+        equal(got, expected, f"split_events{' and clip_straddling' * cfg.clip}, {where}: {name}")
+    equal(seg_event_offset, nxt.nodes.seg_event_offset, f"split_events, {where}: offsets")
 
 
 def run_both(V, F, cfg):
     import cupy
 
-    _, _, tri_lo_h, tri_hi_h, valid, bounds = prepare_mesh(V, F)
+    V_h, F_h, tri_lo_h, tri_hi_h, valid, bounds = prepare_mesh(V, F)
+    mesh = (cupy.asarray(V_h), cupy.asarray(F_h))
     lvl, tri_lo, tri_hi = root_level_xp(cupy, tri_lo_h, tri_hi_h, valid, bounds)
     max_depth = cfg.resolved_max_depth(lvl.refs.size)
     levels = 0
     while lvl is not None:
-        want = run_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth)
+        want = run_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth, mesh)
         for small in (True, False):
-            check_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth, want, small)
+            check_level(cupy, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh)
         lvl = want["next"]
         levels += 1
     assert levels > 1
@@ -124,6 +140,12 @@ def run_both(V, F, cfg):
 def test_cuda_stages_equal_their_numpy_twins(seed):
     V, F = scene(seed)
     run_both(V, F, CONFIGS[seed % len(CONFIGS)])
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_cuda_clipping_stages_equal_their_numpy_twins(seed):
+    V, F = scene(seed)
+    run_both(V, F, dataclasses.replace(CONFIGS[seed % len(CONFIGS)], clip=True))
 
 
 @pytest.mark.parametrize("name", ["suzanne", "spot"])

@@ -1,0 +1,180 @@
+// Perfect splits (SAHConfig(clip=True)) in the per-stage builder
+// (kdtree_gpu/builder/gpu/level_stages.py). The NumPy twin is
+// kdtree_gpu/builder/clip.py, the oracle cpu_reference/clip.py: the clipped
+// boxes must be the same float32 bits, so the float64 arithmetic below is
+// written with round-to-nearest intrinsics (__dadd_rn, ...), which the
+// compiler never contracts into fused multiply-adds, in the reference's order.
+#include "build_stages.cuh"
+
+// Every reference's box in its node, read off its events: the lower bound
+// from its START or PLANAR event, the upper bound from its END or PLANAR one.
+extern "C" __global__ void kd_reference_boxes(const float* __restrict__ event_pos,
+                                              const signed char* __restrict__ event_kind,
+                                              const int* __restrict__ event_ref,
+                                              const int* __restrict__ event_seg,
+                                              long long num_events, long long num_nodes,
+                                              float* __restrict__ ref_lo,
+                                              float* __restrict__ ref_hi)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    long long slot = 3 * (long long)event_ref[e] + event_seg[e] / num_nodes;
+    int kind = event_kind[e];
+    if (kind != KD_EVENT_END) ref_lo[slot] = event_pos[e];
+    if (kind != KD_EVENT_START) ref_hi[slot] = event_pos[e];
+}
+
+// The largest float32 not above x (down) or the smallest not below it; never -0.0.
+__device__ __forceinline__ float kd_round_outward(double x, bool down)
+{
+    float f = __double2float_rn(x);
+    if (down ? (double)f > x : (double)f < x) f = nextafterf(f, down ? -INFINITY : INFINITY);
+    return f + 0.0f;
+}
+
+// cpu_reference.clip.clip_triangle_box: Sutherland-Hodgman against
+// x >= lo[0], x <= hi[0], y >= lo[1], ... in that order, points on a plane
+// inside; false when nothing is left.
+__device__ bool kd_clip_triangle_box(const float* v0, const float* v1, const float* v2,
+                                     const float* box_lo, const float* box_hi, float* out_lo,
+                                     float* out_hi)
+{
+    double a[KD_CLIP_MAX_POLY][3], b[KD_CLIP_MAX_POLY][3];
+    double(*poly)[3] = a;
+    double(*work)[3] = b;
+    for (int j = 0; j < 3; ++j) {
+        poly[0][j] = v0[j];
+        poly[1][j] = v1[j];
+        poly[2][j] = v2[j];
+    }
+    int n = 3;
+    for (int k = 0; k < 3; ++k) {
+        for (int upper = 0; upper < 2; ++upper) {
+            double c = upper ? (double)box_hi[k] : (double)box_lo[k];
+            int m = 0;
+            for (int i = 0; i < n; ++i) {
+                int ip = i > 0 ? i - 1 : n - 1;
+                bool cur_in = upper ? poly[i][k] <= c : poly[i][k] >= c;
+                bool prev_in = upper ? poly[ip][k] <= c : poly[ip][k] >= c;
+                if (cur_in != prev_in) {
+                    double t = __ddiv_rn(__dsub_rn(c, poly[ip][k]),
+                                         __dsub_rn(poly[i][k], poly[ip][k]));
+                    for (int j = 0; j < 3; ++j)
+                        work[m][j] = __dadd_rn(poly[ip][j],
+                                               __dmul_rn(t, __dsub_rn(poly[i][j], poly[ip][j])));
+                    work[m][k] = c;
+                    ++m;
+                }
+                if (cur_in) {
+                    for (int j = 0; j < 3; ++j) work[m][j] = poly[i][j];
+                    ++m;
+                }
+            }
+            if (m == 0) return false;
+            n = m;
+            double(*swap)[3] = poly;
+            poly = work;
+            work = swap;
+        }
+    }
+    for (int j = 0; j < 3; ++j) {
+        double lo = poly[0][j], hi = poly[0][j];
+        for (int i = 1; i < n; ++i) {
+            lo = fmin(lo, poly[i][j]);
+            hi = fmax(hi, poly[i][j]);
+        }
+        out_lo[j] = kd_round_outward(lo, true);
+        out_hi[j] = kd_round_outward(hi, false);
+    }
+    return true;
+}
+
+// cpu_reference.clip.clip_child_box: the clipped box intersected with the
+// previous box and the child's box, or (polygon empty, or that intersection
+// empty on some axis) the previous box intersected with the child's box.
+__device__ void kd_clip_child_box(const float* v0, const float* v1, const float* v2,
+                                  const float* prev_lo, const float* prev_hi,
+                                  const float* child_lo, const float* child_hi, float* out_lo,
+                                  float* out_hi)
+{
+    float clip_lo[3], clip_hi[3];
+    bool used = kd_clip_triangle_box(v0, v1, v2, child_lo, child_hi, clip_lo, clip_hi);
+    if (used) {
+        for (int j = 0; j < 3; ++j) {
+            float lo = fmaxf(clip_lo[j], fmaxf(prev_lo[j], child_lo[j]));
+            float hi = fminf(clip_hi[j], fminf(prev_hi[j], child_hi[j]));
+            if (lo > hi) used = false;
+            out_lo[j] = lo;
+            out_hi[j] = hi;
+        }
+    }
+    if (!used) {
+        for (int j = 0; j < 3; ++j) {
+            out_lo[j] = fmaxf(prev_lo[j], child_lo[j]);
+            out_hi[j] = fminf(prev_hi[j], child_hi[j]);
+        }
+    }
+}
+
+// One test kernel per row: kdtree_gpu.builder.clip.clip_child_boxes' rows on
+// the GPU (the tests compare its bits with cpu_reference.clip).
+extern "C" __global__ void kd_clip_child_boxes(const float* __restrict__ v0,
+                                               const float* __restrict__ v1,
+                                               const float* __restrict__ v2,
+                                               const float* __restrict__ prev_lo,
+                                               const float* __restrict__ prev_hi,
+                                               const float* __restrict__ child_lo,
+                                               const float* __restrict__ child_hi, long long m,
+                                               float* __restrict__ out_lo,
+                                               float* __restrict__ out_hi)
+{
+    long long r = kd_tid();
+    if (r >= m) return;
+    long long o = 3 * r;
+    kd_clip_child_box(v0 + o, v1 + o, v2 + o, prev_lo + o, prev_hi + o, child_lo + o,
+                      child_hi + o, out_lo + o, out_hi + o);
+}
+
+// The straddling references' copies, 2 * num_both threads: copy c is the left
+// (c < num_both) or right copy of reference both[c % num_both]. Writes its
+// box in the child, its reference in the next level and its child segment per
+// axis (the inputs of kdtree_gpu.builder.clip.make_clipped_events).
+extern "C" __global__ void kd_clip_copies(const float* __restrict__ vertices,
+                                          const int* __restrict__ faces,
+                                          const int* __restrict__ ref_tri,
+                                          const int* __restrict__ ref_node,
+                                          const float* __restrict__ ref_lo,
+                                          const float* __restrict__ ref_hi,
+                                          const long long* __restrict__ both, long long num_both,
+                                          const long long* __restrict__ ref_lr_ex,
+                                          const long long* __restrict__ node_ref_offset,
+                                          const long long* __restrict__ split_leaf_ex,
+                                          const long long* __restrict__ child_ref_offset,
+                                          const float* __restrict__ child_lo,
+                                          const float* __restrict__ child_hi,
+                                          long long num_nodes, float* __restrict__ copy_lo,
+                                          float* __restrict__ copy_hi,
+                                          long long* __restrict__ copy_ref,
+                                          long long* __restrict__ copy_seg)  // (3, 2 * num_both)
+{
+    long long c = kd_tid();
+    long long num_copies = 2 * num_both;
+    if (c >= num_copies) return;
+    int side = c >= num_both;
+    long long r = both[c - side * num_both];
+    int node = ref_node[r];
+    long long num_split = KD_LOW(split_leaf_ex[num_nodes]);
+    long long child = 2 * KD_LOW(split_leaf_ex[node]) + side;
+    const int* f = faces + 3 * (long long)ref_tri[r];
+    kd_clip_child_box(vertices + 3 * (long long)f[0], vertices + 3 * (long long)f[1],
+                      vertices + 3 * (long long)f[2], ref_lo + 3 * r, ref_hi + 3 * r,
+                      child_lo + 3 * child, child_hi + 3 * child, copy_lo + 3 * c,
+                      copy_hi + 3 * c);
+    long long dl, dr;
+    kd_ref_destinations(r, node, ref_lr_ex, node_ref_offset, split_leaf_ex, child_ref_offset,
+                        &dl, &dr);
+    copy_ref[c] = side ? dr : dl;
+    for (int k = 0; k < 3; ++k)
+        copy_seg[k * num_copies + c] =
+            kd_child_group(k * num_nodes + node, num_nodes, split_leaf_ex, num_split) + side;
+}
