@@ -2,7 +2,7 @@
 # Run the GPU tests and (optionally) the GPU benchmarks on a CUDA machine.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR [tests|tests-all|build|build-quick|level-loop|
-#       primitives|traversal|traversal-check|first-hit|render|baseline-build|baseline-traversal]...
+#       primitives|traversal|traversal-check|first-hit|clip|render|baseline-build|baseline-traversal]...
 #
 # Meshes: $KDTREE_GPU_MESH_DIR (default ./.meshes, unpacked from ./.meshes.tar.xz
 # when that archive is there). Wheels of missing packages (trimesh, warp-lang,
@@ -45,6 +45,8 @@ for step in "${@:-tests}"; do
     primitives) python3 benchmarks/bench_primitives.py --out "$out/primitives.json" 2>&1 | tail -30 ;;
     traversal) python3 benchmarks/bench_traversal.py --peers-dir .peers --out "$out" 2>&1 | tail -40 ;;
     traversal-check) python3 benchmarks/gpu_traversal_check.py --mesh-dir "$KDTREE_GPU_MESH_DIR" --out "$out" 2>&1 | tail -40 ;;
+    clip) python3 benchmarks/bench_clip.py --peers-dir .peers --out "$out" 2>&1 \
+             | tee "$out/bench_clip.log" | tail -30 ;;
     render) python3 benchmarks/gpu_render_check.py --out "$out" 2>&1 | tail -40 ;;
     first-hit) python3 benchmarks/bench_first_hit.py --peers-dir .peers --out "$out" 2>&1 \
              | tee "$out/bench_first_hit.log" | tail -20 ;;
