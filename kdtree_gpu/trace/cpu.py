@@ -42,9 +42,10 @@ Intersection", JCGT 2(1), 2013), float32 operation by operation:
   ``T = (U*Az + V*Bz) + W*Cz`` with ``Az = Sz * A[kz]``, ``t = T / det``,
   ``tmin <= t <= tmax`` and ``|t| != inf``; ``u = V / det``, ``v = W / det``.
 
-No operation is fused or reordered (numba compiles without fast-math, and
-LLVM does not contract ``a * b + c`` into an FMA without it), so each
-rounds exactly as the explicitly rounded CUDA intrinsics do.
+No operation is fused or reordered: numba compiles without fast-math, and
+LLVM contracts no ``a * b + c`` into an FMA without it, so each operation
+rounds as the explicitly rounded CUDA intrinsics do. The eight-lane vector
+operations below are the same IEEE operations, lane by lane.
 
 Traversal (pbrt's ``KdTreeAggregate``, front to back with a stack): the ray
 is clipped to the root box; at an interior node the split plane's ``t``
@@ -56,21 +57,40 @@ node intervals only decide which children are visited. Those decisions keep
 a child whenever the plane is within ``t_eps`` of the node's interval
 (``t_eps = TRAVERSE_EPS`` times the largest coordinate difference between
 the origin and the root box, divided by ``|d[kz]|``), which covers rounding:
-rays through an edge or vertex on a split plane reach both sides. After a
-leaf the traversal stops when the closest hit ``t <= `` the leaf's ``t_max``:
-every node still on the stack lies beyond it.
+rays through an edge or vertex on a split plane reach both sides. A pushed
+far child keeps ``fmaxf(t_split, t_near)``, the near child continues with
+``fminf(t_split, t_far)`` (a NaN ``t_split``, a ray in the plane, keeps the
+interval, as CUDA's ``fmaxf``/``fminf`` do). After a leaf the traversal
+stops when the closest hit ``t <= `` the leaf's ``t_max``: every node still
+on the stack lies beyond it.
 
-The traversal reads a layout made once per tree and kept in its cache
-(:func:`cpu_layout`), the CPU twin of the GPU's packed layout: 8-byte nodes
-(:func:`kdtree_gpu.encoding.pack_nodes`, split positions times ``s``), and
-the scaled vertices of every triangle in one row of 9 floats (one cache
-line or two, where the mesh's indexed vertices take three). Rays are cut
-into chunks of
-:data:`RAY_CHUNK` that the cores take one at a time (numba ``prange`` with a
-chunk size of 1), and each chunk reuses one stack.
+How the CPU runs it
+-------------------
+* The tree is read from a layout made once per tree and kept in its cache
+  (:func:`cpu_layout`): 8-byte nodes (:func:`kdtree_gpu.encoding.pack_nodes`,
+  split positions times ``s``) and the scaled vertices of every triangle in
+  one row of 9 floats.
+* Rays go in packets of :data:`LANES` (8, one AVX register of float32):
+  consecutive rays with the same direction octant and the same ``kz``, so
+  that all lanes order children alike and read the same coordinates of a
+  triangle. A packet walks the tree once, going where any active lane goes;
+  each lane keeps its own interval, stack entries and closest hit and
+  decides exactly as the ray would alone, so the answers are those of
+  single-ray traversal, bit for bit (a lane is active in a node only if
+  the lone ray would visit it, and visits its nodes in the same order).
+* Incoherent rays (a path tracer's bounces) are first put in an order
+  where neighbours start close together and point alike (:func:`ray_order`:
+  a radix sort on the octant, ``kz``, and Morton codes of the origin's cell
+  in the root box and of the direction), so that packets fill up and
+  neighbouring rays find the same nodes in the cache; rays that come
+  coherent (a camera's, row by row) keep their order. Answers are written
+  back in the caller's order.
+* Chunks of :data:`RAY_CHUNK` rays go to whichever core is free (numba
+  ``prange``, chunk size 1).
 
-The brute-force oracle tests every non-degenerate triangle. To keep it
-usable on 100k rays x 100k triangles, triangles are grouped into clusters of
+The brute-force oracle tests every non-degenerate triangle, one ray at a
+time with the scalar test :func:`hit_triangle`. To keep it usable on 100k
+rays x 100k triangles, triangles are grouped into clusters of
 :data:`CLUSTER_SIZE` (Morton order of their box centres), clusters into
 groups of :data:`GROUP_SIZE`, and a group or cluster is skipped when the ray
 misses its box padded by ``BRUTE_PAD`` times the scene
@@ -83,6 +103,9 @@ from __future__ import annotations
 
 import numba
 import numpy as np
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, models, register_model
 
 from .. import encoding as enc
 from ..mesh import degenerate_mask
@@ -97,6 +120,13 @@ BRUTE_PAD = 1e-4
 # small enough that the cores share the work of a frame evenly
 RAY_CHUNK = 1024
 BRUTE_CHUNK = 16  # rays per parallel task of the brute force
+# the ray order: bits per axis of the origin's cell in the root box and of the
+# direction's cell in the rays' direction box; rays below SORT_MIN_RAYS keep
+# their order
+ORIGIN_BITS = 5
+DIRECTION_BITS = 2
+SORT_MIN_RAYS = 8192
+KEY_CHUNK = 16384  # rays per parallel task of the key computation
 
 _F32_INF = np.float32(np.inf)
 _F32_ZERO = np.float32(0.0)
@@ -107,9 +137,9 @@ _AXIS_LEAF = np.int32(enc.AXIS_LEAF)
 
 
 # --- the watertight test ------------------------------------------------------
-# Hot helpers take scalars only: passing an array to a numba function costs a
-# reference count update (an atomic operation on memory that every core
-# shares), so the loops below read the arrays themselves.
+# Helpers called per ray or per triangle take scalars only: passing an array
+# to a numba function updates its reference count, an atomic operation on
+# memory that every core shares.
 @numba.njit(cache=True, error_model="numpy")
 def setup_watertight(dx, dy, dz):
     """Per-ray constants of the watertight test.
@@ -219,130 +249,551 @@ def _ray_extent(o, box):
     return e
 
 
-# --- kd-tree traversal ------------------------------------------------------------
+# --- eight rays at once: float32 vectors for the packet traversal -----------------
+# numba has no SIMD type; _Vec8 is one, an LLVM <8 x float> held in a
+# register, and the intrinsics below compile each operation to one AVX
+# instruction (vsubps, vmulps, vcmpps, ...), rounded as the scalar operation
+# is (no fast-math flags: nothing is contracted into an FMA). Comparisons
+# give the lanes' results as the bits of an int (bit l: lane l).
+LANES = 8
+_I32 = ir.IntType(32)
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+
+
+class _Vec8(types.Type):
+    def __init__(self):
+        super().__init__(name="float32x8")
+
+
+_vec8 = _Vec8()
+
+
+@register_model(_Vec8)
+class _Vec8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _mask(builder, bits):
+    # the low 8 bits of an int64 as <8 x i1>
+    return builder.bitcast(builder.trunc(bits, ir.IntType(LANES)),
+                           ir.VectorType(ir.IntType(1), LANES))
+
+
+def _arith(op):
+    @intrinsic
+    def arith(typingctx, a, b):
+        if a != _vec8 or b != _vec8:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(args[0], args[1])
+        return _vec8(_vec8, _vec8), codegen
+    return arith
+
+
+def _compare(op, ordered=True):
+    @intrinsic
+    def compare(typingctx, a, b):
+        if a != _vec8 or b != _vec8:
+            return None
+
+        def codegen(context, builder, signature, args):
+            cmp = builder.fcmp_ordered if ordered else builder.fcmp_unordered
+            bits = builder.bitcast(cmp(op, args[0], args[1]), ir.IntType(LANES))
+            return builder.zext(bits, ir.IntType(64))
+        return types.int64(_vec8, _vec8), codegen
+    return compare
+
+
+_vadd, _vsub, _vmul, _vdiv = (_arith(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
+_vlt, _vgt, _vle, _vge, _veq = (_compare(op) for op in ("<", ">", "<=", ">=", "=="))
+_vne = _compare("!=", ordered=False)  # true for NaN, as Python's !=
+
+
+@intrinsic
+def _vsel(typingctx, bits, a, b):
+    """Lane l: a[l] where bit l of bits is set, else b[l]."""
+    if not isinstance(bits, types.Integer) or a != _vec8 or b != _vec8:
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits64 = context.cast(builder, args[0], signature.args[0], types.int64)
+        return builder.select(_mask(builder, bits64), args[1], args[2])
+    return _vec8(bits, _vec8, _vec8), codegen
+
+
+@intrinsic
+def _vedge64(typingctx, a1, b1, a2, b2):
+    """float32(float64(a1) * b1 - float64(a2) * b2) per lane: exact products."""
+    if any(x != _vec8 for x in (a1, b1, a2, b2)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        vd = ir.VectorType(ir.DoubleType(), LANES)
+        x1, y1, x2, y2 = (builder.fpext(x, vd) for x in args)
+        return builder.fptrunc(builder.fsub(builder.fmul(x1, y1), builder.fmul(x2, y2)), _VEC)
+    return _vec8(_vec8, _vec8, _vec8, _vec8), codegen
+
+
+@intrinsic
+def _splat(typingctx, x):
+    """Every lane x (a float32)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        one = builder.insert_element(ir.Constant(_VEC, ir.Undefined), args[0],
+                                     ir.Constant(_I32, 0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return _vec8(x), codegen
+
+
+@intrinsic
+def _lane(typingctx, a, k):
+    """Lane k of a."""
+    if a != _vec8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        index = context.cast(builder, args[1], signature.args[1], types.int32)
+        return builder.extract_element(args[0], index)
+    return types.float32(_vec8, k), codegen
+
+
+@intrinsic
+def _vload(typingctx, arr, start):
+    """Lanes arr[start:start + 8] of a contiguous float32 array."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        index = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+        return builder.load(ptr, align=4)
+    return _vec8(arr, start), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, start, a):
+    """arr[start:start + 8] = the lanes of a."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32 or a != _vec8:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        index = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+        builder.store(args[2], ptr, align=4)
+        return context.get_dummy_value()
+    return types.none(arr, start, _vec8), codegen
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _vmin(a, b):
+    # fminf(a, b) where only a may be NaN: b then (the GPU's fminf(ts, tf))
+    return _vsel(_vlt(a, b), a, b)
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _vmax(a, b):
+    return _vsel(_vgt(a, b), a, b)
+
+
+# --- kd-tree traversal, a packet of rays at a time ------------------------------
 @numba.njit(cache=True, error_model="numpy")
-def _trace_chunk(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                 ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v):
-    # Rays begin..end-1, one after the other, with one stack. nodes:
-    # (num_nodes, 2) int32 packed nodes; splits: the same memory as float32.
-    # For any hit, hit_tri is 1 or -1.
-    stack_node = np.empty(stack_size, np.int32)
-    stack_tn = np.empty(stack_size, np.float32)
-    stack_tf = np.empty(stack_size, np.float32)
-    o = np.empty(3, np.float32)
-    inv = np.empty(3, np.float32)
-    for i in range(begin, end):
-        hit_tri[i] = -1
-        hit_t[i] = _F32_INF
-        hit_u[i] = _F32_ZERO
-        hit_v[i] = _F32_ZERO
-        # the ray in scaled space: o * s and d * s are exact (s is a power of two)
-        dx = directions[i, 0] * scale
-        dy = directions[i, 1] * scale
-        dz = directions[i, 2] * scale
-        tmin = ray_tmin[i]
-        tmax = ray_tmax[i]
-        kx, ky, kz, sx, sy, sz = setup_watertight(dx, dy, dz)
-        if abs(sz) == _F32_INF or not (tmin <= tmax):
+def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
+                   ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v,
+                   order):
+    # Rays order[begin:end] in packets of up to LANES (module docstring); the
+    # answer of ray order[r] goes to hit_*[r]. For any hit, hit_tri is 1 or -1.
+    f32 = np.float32
+    P = LANES
+    # the packet's lanes, written ray by ray, then read as vectors
+    lane = np.zeros((14, P), f32)
+    lane_ray = np.empty(P, np.int64)
+    best_tri = np.empty(P, np.int64)
+    st_node = np.empty(stack_size, np.int64)
+    st_bits = np.empty(stack_size, np.int64)
+    st_tn = np.empty(stack_size * P, f32)
+    st_tf = np.empty(stack_size * P, f32)
+    lo_x, lo_y, lo_z = box[0], box[1], box[2]
+    hi_x, hi_y, hi_z = box[3], box[4], box[5]
+    zero8 = _splat(_F32_ZERO)
+    inf8 = _splat(_F32_INF)
+    minus_inf8 = _splat(-_F32_INF)
+    r = begin
+    while r < end:
+        # Gather up to LANES rays (in order) that reach the root box and share
+        # the octant and kz: every lane then orders children alike and reads
+        # the same vertex coordinates
+        nl = 0
+        pk_neg = -1
+        pk_kx = pk_ky = pk_kz = 0
+        lane[:, :] = _F32_ZERO
+        while r < end and nl < P:
+            i = order[r]
+            ox = origins[i, 0] * scale
+            oy = origins[i, 1] * scale
+            oz = origins[i, 2] * scale
+            dx = directions[i, 0] * scale
+            dy = directions[i, 1] * scale
+            dz = directions[i, 2] * scale
+            tmin = ray_tmin[i]
+            tmax = ray_tmax[i]
+            kx, ky, kz, sx, sy, sz = setup_watertight(dx, dy, dz)
+            neg_mask = (1 if np.signbit(dx) else 0) | (2 if np.signbit(dy) else 0) | \
+                (4 if np.signbit(dz) else 0)
+            if nl > 0 and (neg_mask != pk_neg or kz != pk_kz):
+                break
+            hit_tri[r] = -1
+            hit_t[r] = _F32_INF
+            hit_u[r] = _F32_ZERO
+            hit_v[r] = _F32_ZERO
+            r += 1
+            if abs(sz) == _F32_INF or not (tmin <= tmax):
+                continue
+            ix = _F32_ONE / dx
+            iy = _F32_ONE / dy
+            iz = _F32_ONE / dz
+            t0, t1 = tmin, tmax
+            in_x, t0, t1 = _clip_slab(lo_x, hi_x, ox, ix, t0, t1)
+            in_y, t0, t1 = _clip_slab(lo_y, hi_y, oy, iy, t0, t1)
+            in_z, t0, t1 = _clip_slab(lo_z, hi_z, oz, iz, t0, t1)
+            extent = max(max(max(_F32_ZERO, abs(lo_x - ox)), abs(hi_x - ox)),
+                         max(abs(lo_y - oy), abs(hi_y - oy)),
+                         max(abs(lo_z - oz), abs(hi_z - oz)))
+            t_eps = TRAVERSE_EPS * extent * abs(sz)
+            if not (in_x and in_y and in_z) or not (t0 <= t1 + t_eps):
+                continue
+            if nl == 0:
+                pk_neg, pk_kx, pk_ky, pk_kz = neg_mask, kx, ky, kz
+            lane_ray[nl] = r - 1
+            lane[0, nl], lane[1, nl], lane[2, nl] = ox, oy, oz
+            lane[3, nl], lane[4, nl], lane[5, nl] = ix, iy, iz
+            lane[6, nl], lane[7, nl], lane[8, nl] = sx, sy, sz
+            lane[9, nl] = t_eps
+            lane[10, nl], lane[11, nl] = tmin, tmax
+            lane[12, nl], lane[13, nl] = t0, t1
+            nl += 1
+        if nl == 0:
             continue
-        t0, t1 = tmin, tmax
-        alive = True
-        for k in range(3):
-            o[k] = origins[i, k] * scale
-            inv[k] = _F32_ONE / (directions[i, k] * scale)
-            inside, t0, t1 = _clip_slab(box[0, k], box[1, k], o[k], inv[k], t0, t1)
-            alive = alive and inside
-        t_eps = TRAVERSE_EPS * _ray_extent(o, box) * abs(sz)
-        if not alive or not (t0 <= t1 + t_eps):
-            continue
-        okx, oky, okz = o[kx], o[ky], o[kz]
-        # bit k set: the direction's component k has its sign bit set (also
-        # -0.0), so the ray meets the right child (upper half) first
-        neg_mask = (1 if np.signbit(dx) else 0) | (2 if np.signbit(dy) else 0) | \
-            (4 if np.signbit(dz) else 0)
+        o_x, o_y, o_z = _vload(lane[0], 0), _vload(lane[1], 0), _vload(lane[2], 0)
+        i_x, i_y, i_z = _vload(lane[3], 0), _vload(lane[4], 0), _vload(lane[5], 0)
+        v_sx, v_sy, v_sz = _vload(lane[6], 0), _vload(lane[7], 0), _vload(lane[8], 0)
+        v_eps = _vload(lane[9], 0)
+        v_tmin, v_tmax = _vload(lane[10], 0), _vload(lane[11], 0)
+        tn, tf = _vload(lane[12], 0), _vload(lane[13], 0)
+        o_kx = o_x if pk_kx == 0 else (o_y if pk_kx == 1 else o_z)
+        o_ky = o_x if pk_ky == 0 else (o_y if pk_ky == 1 else o_z)
+        o_kz = o_x if pk_kz == 0 else (o_y if pk_kz == 1 else o_z)
+        best_t = v_tmax
+        best_v, best_w, best_det = zero8, zero8, _splat(_F32_ONE)
+        for l in range(P):
+            best_tri[l] = -1
+        has_hit = 0       # bit l: lane l has a hit
+        done = 0          # bit l: lane l has finished
+        act = (1 << nl) - 1
 
         sp = 0
         node = 0
-        tn, tf = t0, t1
-        best_t = tmax
-        best_tri = -1
-        best_v, best_w, best_det = _F32_ZERO, _F32_ZERO, _F32_ONE
-        found = False
         while True:
-            # Descend to a leaf, pushing far children that the ray also crosses
-            word = nodes[node, 1]
+            # Descend to a leaf: each lane decides as a lone ray would; the
+            # packet goes where any active lane goes, the near child first
+            word = nodes[np.uint32(2 * node + 1)]
             axis = word & _AXIS_MASK
             while axis != _AXIS_LEAF:
                 left = word >> _PACK_SHIFT
-                # NaN when the ray lies in the plane: both tests below fail and
-                # both children are visited over the whole interval
-                ts = (splits[node, 0] - o[axis]) * inv[axis]
-                neg = (neg_mask >> axis) & 1
+                neg = (pk_neg >> axis) & 1
                 first = left + neg
                 second = left + (1 - neg)
-                if ts > tf + t_eps:
-                    node = first
-                elif ts < tn - t_eps:
-                    node = second
-                else:
+                o_a = o_x if axis == 0 else (o_y if axis == 1 else o_z)
+                i_a = i_x if axis == 0 else (i_y if axis == 1 else i_z)
+                ts = _vmul(_vsub(_splat(splits[np.uint32(2 * node)]), o_a), i_a)
+                near_only = _vgt(ts, _vadd(tf, v_eps))
+                far_only = _vlt(ts, _vsub(tn, v_eps)) & ~near_only
+                go_first = act & ~far_only
+                go_second = act & ~near_only
+                if go_first != 0 and go_second != 0:
+                    both = ~(near_only | far_only)
                     # fmaxf / fminf, as on the GPU: a NaN ts keeps tn and tf
-                    stack_node[sp] = second
-                    stack_tn[sp] = ts if ts > tn else tn
-                    stack_tf[sp] = tf
+                    _vstore(st_tn, P * sp, _vsel(both, _vmax(ts, tn), tn))
+                    _vstore(st_tf, P * sp, tf)
+                    st_node[np.uint32(sp)] = second
+                    st_bits[np.uint32(sp)] = go_second
                     sp += 1
+                    tf = _vsel(both, _vmin(ts, tf), tf)
                     node = first
-                    tf = ts if ts < tf else tf
-                word = nodes[node, 1]
+                    act = go_first
+                elif go_first != 0:
+                    node = first
+                    act = go_first
+                else:
+                    node = second
+                    act = go_second
+                word = nodes[np.uint32(2 * node + 1)]
                 axis = word & _AXIS_MASK
 
-            # Test the leaf's triangles against the whole ray interval
+            # Test the leaf's triangles against each active lane's whole interval
             start = word >> _PACK_SHIFT
-            for j in range(start, start + nodes[node, 0]):
-                tri = tri_ids[j]
-                hit, t, ev, ew, det = hit_triangle(
-                    tris[tri, kx] - okx, tris[tri, ky] - oky, tris[tri, kz] - okz,
-                    tris[tri, 3 + kx] - okx, tris[tri, 3 + ky] - oky, tris[tri, 3 + kz] - okz,
-                    tris[tri, 6 + kx] - okx, tris[tri, 6 + ky] - oky, tris[tri, 6 + kz] - okz,
-                    sx, sy, sz, tmin, tmax if any_hit else best_t)
-                if hit:
-                    if any_hit:
-                        found = True
-                        break
-                    # equal t: the lowest triangle id wins, as in the brute force
-                    if t < best_t or best_tri < 0 or tri < best_tri:
-                        best_t, best_tri, best_v, best_w, best_det = t, tri, ev, ew, det
-            if found:
+            for j in range(start, start + nodes[np.uint32(2 * node)]):
+                tri = tri_ids[np.uint32(j)]
+                q = np.uint32(9 * tri)
+                akz = _vsub(_splat(tris[q + pk_kz]), o_kz)
+                bkz = _vsub(_splat(tris[q + 3 + pk_kz]), o_kz)
+                ckz = _vsub(_splat(tris[q + 6 + pk_kz]), o_kz)
+                ax = _vsub(_vsub(_splat(tris[q + pk_kx]), o_kx), _vmul(v_sx, akz))
+                ay = _vsub(_vsub(_splat(tris[q + pk_ky]), o_ky), _vmul(v_sy, akz))
+                bx = _vsub(_vsub(_splat(tris[q + 3 + pk_kx]), o_kx), _vmul(v_sx, bkz))
+                by = _vsub(_vsub(_splat(tris[q + 3 + pk_ky]), o_ky), _vmul(v_sy, bkz))
+                cx = _vsub(_vsub(_splat(tris[q + 6 + pk_kx]), o_kx), _vmul(v_sx, ckz))
+                cy = _vsub(_vsub(_splat(tris[q + 6 + pk_ky]), o_ky), _vmul(v_sy, ckz))
+                u = _vsub(_vmul(cx, by), _vmul(cy, bx))
+                v = _vsub(_vmul(ax, cy), _vmul(ay, cx))
+                w = _vsub(_vmul(bx, ay), _vmul(by, ax))
+                # an edge through a lane's ray: that lane decides in float64
+                exact = (_veq(u, zero8) | _veq(v, zero8) | _veq(w, zero8)) & act
+                if exact != 0:
+                    u = _vsel(exact, _vedge64(cx, by, cy, bx), u)
+                    v = _vsel(exact, _vedge64(ax, cy, ay, cx), v)
+                    w = _vsel(exact, _vedge64(bx, ay, by, ax), w)
+                mixed = (_vlt(u, zero8) | _vlt(v, zero8) | _vlt(w, zero8)) & \
+                    (_vgt(u, zero8) | _vgt(v, zero8) | _vgt(w, zero8))
+                det = _vadd(_vadd(u, v), w)
+                big_t = _vadd(_vadd(_vmul(u, _vmul(v_sz, akz)), _vmul(v, _vmul(v_sz, bkz))),
+                              _vmul(w, _vmul(v_sz, ckz)))
+                t = _vdiv(big_t, det)
+                limit = v_tmax if any_hit else best_t
+                hits = act & ~mixed & _vne(det, zero8) & _vge(t, v_tmin) & _vle(t, limit) & \
+                    _vne(t, inf8) & _vne(t, minus_inf8)
+                if hits == 0:
+                    continue
+                if any_hit:
+                    has_hit |= hits
+                    done |= hits
+                    act &= ~hits
+                    continue
+                # equal t: the lowest triangle id wins, as in the brute force
+                better = 0
+                for l in range(P):
+                    if (hits >> l) & 1 and (best_tri[l] < 0 or _lane(t, l) < _lane(best_t, l) or
+                                            tri < best_tri[l]):
+                        better |= 1 << l
+                        best_tri[l] = tri
+                best_t = _vsel(better, t, best_t)
+                best_v = _vsel(better, v, best_v)
+                best_w = _vsel(better, w, best_w)
+                best_det = _vsel(better, det, best_det)
+                has_hit |= better
+
+            # Lanes whose closest hit lies before everything on the stack are done
+            done |= act & has_hit & _vle(best_t, tf)
+            act = 0
+            while sp > 0 and act == 0:
+                sp -= 1
+                node = st_node[np.uint32(sp)]
+                act = st_bits[np.uint32(sp)] & ~done
+                tn = _vload(st_tn, P * sp)
+                tf = _vload(st_tf, P * sp)
+            if act == 0:
                 break
 
-            # Stop when the closest hit lies before everything still on the stack
-            if best_tri >= 0 and best_t <= tf:
-                break
-            if sp == 0:
-                break
-            sp -= 1
-            node = stack_node[sp]
-            tn = stack_tn[sp]
-            tf = stack_tf[sp]
-        if found:
-            hit_tri[i] = 1
-        elif best_tri >= 0:
-            hit_tri[i] = best_tri
-            hit_t[i] = best_t
-            hit_u[i] = best_v / best_det
-            hit_v[i] = best_w / best_det
+        for l in range(nl):
+            i = lane_ray[l]
+            if (has_hit >> l) & 1:
+                if any_hit:
+                    hit_tri[i] = 1
+                else:
+                    hit_tri[i] = best_tri[l]
+                    hit_t[i] = _lane(best_t, l)
+                    hit_u[i] = _lane(best_v, l) / _lane(best_det, l)
+                    hit_v[i] = _lane(best_w, l) / _lane(best_det, l)
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v):
+                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v, order):
     num_rays = origins.shape[0]
     num_chunks = (num_rays + RAY_CHUNK - 1) // RAY_CHUNK
     for c in numba.prange(num_chunks):
-        _trace_chunk(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                     ray_tmax, any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK),
-                     stack_size, hit_t, hit_tri, hit_u, hit_v)
+        _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
+                       ray_tmax, any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK),
+                       stack_size, hit_t, hit_tri, hit_u, hit_v, order)
 
 
+# --- the order rays are traced in ----------------------------------------------
+# Spread bits: entry c has bit b of c at bit 3 b (Morton interleaving).
+_SPREAD = np.array([sum(((c >> b) & 1) << (3 * b) for b in range(8)) for c in range(256)],
+                   np.uint32)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _cell(x, lo, scale, top):
+    # the cell of x in [lo, lo + (top + 1) / scale), clamped to 0..top
+    f = (x - lo) * scale
+    if not (f > _F32_ZERO):
+        return 0
+    return min(int(f), top)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _ray_key(origins, directions, i, grid):
+    # kz, octant, then the Morton codes of the origin's and the direction's cell
+    # interleaved (origin bits above); grid: lo, scale of origins and directions
+    code = np.uint32(0)
+    octant = np.uint32(0)
+    for k in range(3):
+        d = directions[i, k]
+        co = _cell(origins[i, k], grid[0, k], grid[1, k], (1 << ORIGIN_BITS) - 1)
+        cd = _cell(d, grid[2, k], grid[3, k], (1 << DIRECTION_BITS) - 1)
+        code |= ((_SPREAD[co] << np.uint32(3 * DIRECTION_BITS)) | _SPREAD[cd]) << np.uint32(k)
+        if d < _F32_ZERO:
+            octant |= np.uint32(1 << k)
+    ax, ay, az = abs(directions[i, 0]), abs(directions[i, 1]), abs(directions[i, 2])
+    kz = 0
+    if ay > ax:
+        kz = 1
+    if az > (ax if kz == 0 else ay):
+        kz = 2
+    top = np.uint32(3 * (ORIGIN_BITS + DIRECTION_BITS))
+    return code | (octant << top) | (np.uint32(kz) << (top + np.uint32(3)))
+
+
+_KEY_BITS = 3 * (ORIGIN_BITS + DIRECTION_BITS) + 5
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _direction_box(directions):
+    # per-axis minimum and maximum of the directions: (2, 3)
+    n = directions.shape[0]
+    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
+    part = np.empty((num_chunks, 2, 3), np.float32)
+    for c in numba.prange(num_chunks):
+        for k in range(3):
+            lo = _F32_INF
+            hi = -_F32_INF
+            for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
+                lo = min(lo, directions[i, k])
+                hi = max(hi, directions[i, k])
+            part[c, 0, k] = lo
+            part[c, 1, k] = hi
+    box = np.empty((2, 3), np.float32)
+    for k in range(3):
+        box[0, k] = part[:, 0, k].min()
+        box[1, k] = part[:, 1, k].max()
+    return box
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _coherent(origins, directions, grid, samples):
+    # whether rays come in a coherent order already: most of ``samples``
+    # neighbour pairs spread over the batch share their key
+    n = origins.shape[0]
+    same = 0
+    for s in range(samples):
+        i = (s * (n - 1)) // samples
+        if _ray_key(origins, directions, i, grid) == _ray_key(origins, directions, i + 1, grid):
+            same += 1
+    return 2 * same >= samples
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _ray_keys(origins, directions, grid, keys):
+    n = origins.shape[0]
+    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
+    for c in numba.prange(num_chunks):
+        for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
+            keys[i] = _ray_key(origins, directions, i, grid)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _radix_order(keys, bits):
+    # stable LSD radix sort of keys below 2**bits in two passes, moving
+    # (key, index) pairs; returns the order and its inverse (the rank)
+    n = keys.shape[0]
+    lo_bits = (bits + 1) // 2
+    lo_mask = np.uint32((1 << lo_bits) - 1)
+    buckets = 1 << lo_bits
+    count_lo = np.zeros(buckets + 1, np.int64)
+    count_hi = np.zeros(buckets + 1, np.int64)
+    for r in range(n):
+        k = keys[r]
+        count_lo[(k & lo_mask) + 1] += 1
+        count_hi[(k >> np.uint32(lo_bits)) + 1] += 1
+    for b in range(buckets):
+        count_lo[b + 1] += count_lo[b]
+        count_hi[b + 1] += count_hi[b]
+    k1 = np.empty(n, np.uint32)
+    i1 = np.empty(n, np.int32)
+    for r in range(n):
+        k = keys[r]
+        b = k & lo_mask
+        p = count_lo[b]
+        k1[p] = k
+        i1[p] = r
+        count_lo[b] = p + 1
+    order = np.empty(n, np.int32)
+    rank = np.empty(n, np.int32)
+    for r in range(n):
+        b = k1[r] >> np.uint32(lo_bits)
+        p = count_hi[b]
+        order[p] = i1[r]
+        rank[i1[r]] = p
+        count_hi[b] = p + 1
+    return order, rank
+
+
+def ray_order(box, origins, directions):
+    """The order to trace rays in: neighbours start close together and point alike.
+
+    Parameters
+    ----------
+    box : (2, 3) float32
+        The root box (unscaled).
+    origins, directions : (num_rays, 3) float32
+
+    Returns
+    -------
+    order, rank : (num_rays,) int32, or None
+        ``order[r]`` is the ray traced ``r``-th, ``rank`` its inverse. None
+        when the rays keep their order: fewer than :data:`SORT_MIN_RAYS`, or
+        coherent already (most neighbours share their cell and octant, as
+        a camera's rays row by row do).
+    """
+    n = origins.shape[0]
+    if n < SORT_MIN_RAYS:
+        return None
+    dbox = _direction_box(directions)
+    grid = np.empty((4, 3), np.float32)
+    for row, (lo, hi), bits in ((0, box, ORIGIN_BITS), (2, dbox, DIRECTION_BITS)):
+        grid[row] = lo
+        extent = np.maximum(hi.astype(np.float64) - lo, 1e-30)
+        grid[row + 1] = ((1 << bits) / extent).astype(np.float32)
+    if _coherent(origins, directions, grid, 256):
+        return None
+    keys = np.empty(n, np.uint32)
+    _ray_keys(origins, directions, grid, keys)
+    return _radix_order(keys, _KEY_BITS)
+
+
+@numba.njit(cache=True, parallel=True, error_model="numpy")
+def _unsort(rank, s_t, s_tri, s_u, s_v, hit_t, hit_tri, hit_u, hit_v):
+    # answers in traced order back to the caller's order; each core writes
+    # its own range (no two cores share a cache line of the output)
+    n = rank.shape[0]
+    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
+    for c in numba.prange(num_chunks):
+        for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
+            r = rank[i]
+            hit_t[i] = s_t[r]
+            hit_tri[i] = s_tri[r]
+            hit_u[i] = s_u[r]
+            hit_v[i] = s_v[r]
+
+
+# --- the tree as the CPU reads it -------------------------------------------------
 def pack_triangles(vertices, faces, tri_ids, scale):
     """The scaled vertices of the listed triangles, one row each.
 
@@ -370,15 +821,17 @@ class CpuLayout:
     ----------
     scale : float32
         The trace scale of the root box.
-    box : (2, 3) float32
-        The root box times ``scale``.
-    nodes : (num_nodes, 2) int32
-        Packed nodes (:func:`kdtree_gpu.encoding.pack_nodes`) with split
-        positions times ``scale``.
-    splits : (num_nodes, 2) float32
-        The same memory as ``nodes``, read as float32 (column 0: split).
-    tris : (num_triangles, 9) float32
-        Scaled vertices of every triangle (``v0 v1 v2``, one row each).
+    bounds : (2, 3) float32
+        The root box (unscaled).
+    box : (6,) float32
+        The root box times ``scale``: ``lo_x, lo_y, lo_z, hi_x, hi_y, hi_z``.
+    nodes : (2 * num_nodes,) int32
+        Packed nodes (:func:`kdtree_gpu.encoding.pack_nodes`), node ``i`` in
+        ``nodes[2 i : 2 i + 2]``, split positions times ``scale``.
+    splits : (2 * num_nodes,) float32
+        The same memory as ``nodes``, read as float32 (``splits[2 i]``).
+    tris : (9 * num_triangles,) float32
+        Scaled vertices of every triangle, ``v0 v1 v2`` (x, y, z each).
     tri_ids : (num_refs,) int32
         ``leaf_tris``.
     stack_size : int
@@ -388,14 +841,16 @@ class CpuLayout:
     def __init__(self, tree):
         from ..tree.check import walk_levels
 
-        self.scale = trace_scale(tree.bounds)
-        self.box = np.ascontiguousarray(tree.bounds, dtype=np.float32) * self.scale
+        self.bounds = np.ascontiguousarray(tree.bounds, dtype=np.float32)
+        self.scale = trace_scale(self.bounds)
+        self.box = (self.bounds * self.scale).reshape(-1)
         split = (np.asarray(tree.node_split, dtype=np.float32) * self.scale).astype(np.float32)
-        self.nodes = enc.pack_nodes(tree.node_axis, split, tree.node_child, tree.node_count)
+        self.nodes = enc.pack_nodes(tree.node_axis, split, tree.node_child,
+                                    tree.node_count).reshape(-1)
         self.splits = self.nodes.view(np.float32)
         self.tri_ids = np.ascontiguousarray(tree.leaf_tris, dtype=np.int32)
         self.tris = pack_triangles(tree.vertices, tree.faces, np.arange(tree.num_triangles),
-                                   self.scale)
+                                   self.scale).reshape(-1)
         self.stack_size = int(walk_levels(tree)[0].max()) + 1
 
 
@@ -420,13 +875,23 @@ def _run_tree(tree, origins, directions, tmin, tmax, any_hit):
     hit_tri = np.empty(num_rays, np.int32)
     hit_u = np.empty(num_rays, np.float32)
     hit_v = np.empty(num_rays, np.float32)
-    if num_rays:
-        lay = cpu_layout(tree)
-        # chunks go to whichever core is free (the rays of a frame differ in cost)
-        with numba.parallel_chunksize(1):
-            _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
-                        directions, tmin, tmax, any_hit, lay.stack_size, hit_t, hit_tri,
-                        hit_u, hit_v)
+    if not num_rays:
+        return hit_t, hit_tri, hit_u, hit_v
+    lay = cpu_layout(tree)
+    sorted_rays = ray_order(lay.bounds, origins, directions)
+    if sorted_rays is None:
+        order, rank = np.arange(num_rays, dtype=np.int32), None
+        traced = (hit_t, hit_tri, hit_u, hit_v)
+    else:
+        order, rank = sorted_rays
+        traced = (np.empty(num_rays, np.float32), np.empty(num_rays, np.int32),
+                  np.empty(num_rays, np.float32), np.empty(num_rays, np.float32))
+    # chunks go to whichever core is free (the rays of a frame differ in cost)
+    with numba.parallel_chunksize(1):
+        _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
+                    directions, tmin, tmax, any_hit, lay.stack_size, *traced, order)
+    if rank is not None:
+        _unsort(rank, *traced, hit_t, hit_tri, hit_u, hit_v)
     return hit_t, hit_tri, hit_u, hit_v
 
 

@@ -1,0 +1,92 @@
+"""The CPU traversal answers each ray alone: packets and the ray order change no bit.
+
+kdtree_gpu.trace.cpu traces rays in packets of eight and puts incoherent
+rays in a cache-friendly order first; every lane must still decide as a lone
+ray would, so an answer cannot depend on the batch a ray comes in.
+"""
+
+import numpy as np
+import pytest
+import trimesh
+
+from kdtree_gpu import testing
+from kdtree_gpu.trace import cpu
+
+
+def torus_tree(make_tree):
+    mesh = trimesh.creation.torus(major_radius=1.0, minor_radius=0.3, major_sections=64,
+                                  minor_sections=32)
+    return make_tree(np.asarray(mesh.vertices, np.float32), np.asarray(mesh.faces, np.int32))
+
+
+def camera_rays(bounds, width, height):
+    """A pinhole camera's rays, row by row (a coherent order)."""
+    lo, hi = bounds.astype(np.float64)
+    centre, radius = 0.5 * (lo + hi), 0.5 * np.linalg.norm(hi - lo)
+    eye = centre + np.array([0.3, 0.5, 1.0]) * 2 * radius
+    x, y = np.meshgrid(np.linspace(-1, 1, width), np.linspace(-1, 1, height))
+    target = centre + radius * np.stack([x, y, np.zeros_like(x)], axis=-1).reshape(-1, 3)
+    directions = target - eye
+    directions /= np.linalg.norm(directions, axis=1, keepdims=True)
+    origins = np.broadcast_to(eye, directions.shape)
+    return origins.astype(np.float32), directions.astype(np.float32)
+
+
+def trace(tree, O, D, t0=None, t1=None, any_hit=False):
+    n = O.shape[0]
+    t0 = np.zeros(n, np.float32) if t0 is None else t0
+    t1 = np.full(n, np.inf, np.float32) if t1 is None else t1
+    O, D = np.ascontiguousarray(O), np.ascontiguousarray(D)
+    if any_hit:
+        return (cpu.occluded_cpu(tree, O, D, t0, t1),)
+    return cpu.intersect_cpu(tree, O, D, t0, t1)
+
+
+def assert_identical(a, b):
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+
+
+@pytest.mark.parametrize("any_hit", [False, True])
+def test_any_order_gives_the_same_answers(make_tree, rng, any_hit):
+    tree = torus_tree(make_tree)
+    O, D, t0, t1 = testing.random_rays(tree.bounds, 30_000, rng, unit=False, intervals=0.3)
+    base = trace(tree, O, D, t0, t1, any_hit)
+    assert 0.2 < np.mean(base[0] if any_hit else base[1] >= 0) < 0.9
+    perm = rng.permutation(len(O))
+    shuffled = trace(tree, O[perm], D[perm], t0[perm], t1[perm], any_hit)
+    assert_identical(shuffled, tuple(a[perm] for a in base))
+
+
+def test_coherent_rays_keep_their_order_and_agree_with_a_shuffle(make_tree, rng):
+    tree = torus_tree(make_tree)
+    O, D = camera_rays(tree.bounds, 160, 120)
+    assert cpu.ray_order(tree.bounds, O, D) is None  # row by row: traced as given
+    perm = rng.permutation(len(O))
+    assert cpu.ray_order(tree.bounds, O[perm], D[perm]) is not None
+    base = trace(tree, O, D)
+    assert 0.1 < np.mean(base[1] >= 0) < 0.9
+    assert_identical(trace(tree, O[perm], D[perm]), tuple(a[perm] for a in base))
+
+
+def test_a_ray_alone_gets_its_answer_in_a_batch(make_tree, rng):
+    # packets of one lane, and small batches that are not sorted
+    tree = torus_tree(make_tree)
+    O, D, t0, t1 = testing.random_rays(tree.bounds, 20_000, rng, unit=False, intervals=0.3,
+                                       special=0.2)
+    batch = trace(tree, O, D, t0, t1)
+    for i in rng.choice(len(O), 200, replace=False):
+        alone = trace(tree, O[i:i + 1], D[i:i + 1], t0[i:i + 1], t1[i:i + 1])
+        assert_identical(alone, tuple(a[i:i + 1] for a in batch))
+
+
+def test_ray_order_is_a_permutation_sorted_by_key(rng):
+    bounds = np.array([[-1, -1, -1], [1, 1, 1]], np.float32)
+    O, D, _, _ = testing.random_rays(bounds, 50_000, rng)
+    order, rank = cpu.ray_order(bounds, O, D)
+    np.testing.assert_array_equal(np.sort(order), np.arange(len(O)))
+    np.testing.assert_array_equal(order[rank], np.arange(len(O)))
+    # neighbours in the order share the octant far more often than at random
+    octant = (D < 0) @ np.array([1, 2, 4])
+    assert np.mean(octant[order][1:] == octant[order][:-1]) > 0.99
+    assert cpu.ray_order(bounds, O[:100], D[:100]) is None  # too few to sort
