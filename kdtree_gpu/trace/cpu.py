@@ -83,8 +83,8 @@ How the CPU runs it
   a radix sort on the octant, ``kz``, and Morton codes of the origin's cell
   in the root box and of the direction), so that packets fill up and
   neighbouring rays find the same nodes in the cache; rays that come
-  coherent (a camera's, row by row) keep their order. Answers are written
-  back in the caller's order.
+  coherent (a camera's, row by row) keep their order. Each answer is
+  written at its ray's own index.
 * Chunks of :data:`RAY_CHUNK` rays go to whichever core is free (numba
   ``prange``, chunk size 1).
 
@@ -126,7 +126,6 @@ BRUTE_CHUNK = 16  # rays per parallel task of the brute force
 ORIGIN_BITS = 5
 DIRECTION_BITS = 2
 SORT_MIN_RAYS = 8192
-KEY_CHUNK = 16384  # rays per parallel task of the key computation
 
 _F32_INF = np.float32(np.inf)
 _F32_ZERO = np.float32(0.0)
@@ -407,8 +406,8 @@ def _vmax(a, b):
 def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
                    ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v,
                    order):
-    # Rays order[begin:end] in packets of up to LANES (module docstring); the
-    # answer of ray order[r] goes to hit_*[r]. For any hit, hit_tri is 1 or -1.
+    # Rays order[begin:end] in packets of up to LANES (module docstring). For
+    # any hit, hit_tri is 1 or -1.
     f32 = np.float32
     P = LANES
     # the packet's lanes, written ray by ray, then read as vectors
@@ -448,10 +447,10 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 (4 if np.signbit(dz) else 0)
             if nl > 0 and (neg_mask != pk_neg or kz != pk_kz):
                 break
-            hit_tri[r] = -1
-            hit_t[r] = _F32_INF
-            hit_u[r] = _F32_ZERO
-            hit_v[r] = _F32_ZERO
+            hit_tri[i] = -1
+            hit_t[i] = _F32_INF
+            hit_u[i] = _F32_ZERO
+            hit_v[i] = _F32_ZERO
             r += 1
             if abs(sz) == _F32_INF or not (tmin <= tmax):
                 continue
@@ -470,7 +469,7 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 continue
             if nl == 0:
                 pk_neg, pk_kx, pk_ky, pk_kz = neg_mask, kx, ky, kz
-            lane_ray[nl] = r - 1
+            lane_ray[nl] = i
             lane[0, nl], lane[1, nl], lane[2, nl] = ox, oy, oz
             lane[3, nl], lane[4, nl], lane[5, nl] = ix, iy, iz
             lane[6, nl], lane[7, nl], lane[8, nl] = sx, sy, sz
@@ -631,17 +630,19 @@ _SPREAD = np.array([sum(((c >> b) & 1) << (3 * b) for b in range(8)) for c in ra
 
 @numba.njit(cache=True, error_model="numpy")
 def _cell(x, lo, scale, top):
-    # the cell of x in [lo, lo + (top + 1) / scale), clamped to 0..top
+    # the cell of x in [lo, lo + (top + 1) / scale), clamped to 0..top, with
+    # selects rather than branches (the rays come in no order)
     f = (x - lo) * scale
-    if not (f > _F32_ZERO):
-        return 0
-    return min(int(f), top)
+    f = f if f > _F32_ZERO else _F32_ZERO
+    c = int(f if f < np.float32(top) else np.float32(top))
+    return c
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _ray_key(origins, directions, i, grid):
-    # kz, octant, then the Morton codes of the origin's and the direction's cell
-    # interleaved (origin bits above); grid: lo, scale of origins and directions
+    # kz and octant, then the Morton codes of the origin's and the direction's
+    # cells interleaved; grid: lo and scale of origins (rows 0, 1) and of
+    # directions (rows 2, 3)
     code = np.uint32(0)
     octant = np.uint32(0)
     for k in range(3):
@@ -649,14 +650,9 @@ def _ray_key(origins, directions, i, grid):
         co = _cell(origins[i, k], grid[0, k], grid[1, k], (1 << ORIGIN_BITS) - 1)
         cd = _cell(d, grid[2, k], grid[3, k], (1 << DIRECTION_BITS) - 1)
         code |= ((_SPREAD[co] << np.uint32(3 * DIRECTION_BITS)) | _SPREAD[cd]) << np.uint32(k)
-        if d < _F32_ZERO:
-            octant |= np.uint32(1 << k)
+        octant |= np.uint32(1 << k) if d < _F32_ZERO else np.uint32(0)
     ax, ay, az = abs(directions[i, 0]), abs(directions[i, 1]), abs(directions[i, 2])
-    kz = 0
-    if ay > ax:
-        kz = 1
-    if az > (ax if kz == 0 else ay):
-        kz = 2
+    kz = 2 if (az > ax and az > ay) else (1 if ay > ax else 0)
     top = np.uint32(3 * (ORIGIN_BITS + DIRECTION_BITS))
     return code | (octant << top) | (np.uint32(kz) << (top + np.uint32(3)))
 
@@ -664,26 +660,20 @@ def _ray_key(origins, directions, i, grid):
 _KEY_BITS = 3 * (ORIGIN_BITS + DIRECTION_BITS) + 5
 
 
-@numba.njit(cache=True, parallel=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _direction_box(directions):
     # per-axis minimum and maximum of the directions: (2, 3)
-    n = directions.shape[0]
-    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
-    part = np.empty((num_chunks, 2, 3), np.float32)
-    for c in numba.prange(num_chunks):
-        for k in range(3):
-            lo = _F32_INF
-            hi = -_F32_INF
-            for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
-                lo = min(lo, directions[i, k])
-                hi = max(hi, directions[i, k])
-            part[c, 0, k] = lo
-            part[c, 1, k] = hi
-    box = np.empty((2, 3), np.float32)
-    for k in range(3):
-        box[0, k] = part[:, 0, k].min()
-        box[1, k] = part[:, 1, k].max()
-    return box
+    lx = ly = lz = _F32_INF
+    hx = hy = hz = -_F32_INF
+    for i in range(directions.shape[0]):
+        x, y, z = directions[i, 0], directions[i, 1], directions[i, 2]
+        lx = x if x < lx else lx
+        ly = y if y < ly else ly
+        lz = z if z < lz else lz
+        hx = x if x > hx else hx
+        hy = y if y > hy else hy
+        hz = z if z > hz else hz
+    return np.array([[lx, ly, lz], [hx, hy, hz]], np.float32)
 
 
 @numba.njit(cache=True, error_model="numpy")
@@ -699,19 +689,17 @@ def _coherent(origins, directions, grid, samples):
     return 2 * same >= samples
 
 
-@numba.njit(cache=True, parallel=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy")
 def _ray_keys(origins, directions, grid, keys):
-    n = origins.shape[0]
-    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
-    for c in numba.prange(num_chunks):
-        for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
-            keys[i] = _ray_key(origins, directions, i, grid)
+    # one core: waking the others costs more than this pass
+    for i in range(origins.shape[0]):
+        keys[i] = _ray_key(origins, directions, i, grid)
 
 
 @numba.njit(cache=True, error_model="numpy")
 def _radix_order(keys, bits):
     # stable LSD radix sort of keys below 2**bits in two passes, moving
-    # (key, index) pairs; returns the order and its inverse (the rank)
+    # (key, index) pairs; returns the order
     n = keys.shape[0]
     lo_bits = (bits + 1) // 2
     lo_mask = np.uint32((1 << lo_bits) - 1)
@@ -735,14 +723,12 @@ def _radix_order(keys, bits):
         i1[p] = r
         count_lo[b] = p + 1
     order = np.empty(n, np.int32)
-    rank = np.empty(n, np.int32)
     for r in range(n):
         b = k1[r] >> np.uint32(lo_bits)
         p = count_hi[b]
         order[p] = i1[r]
-        rank[i1[r]] = p
         count_hi[b] = p + 1
-    return order, rank
+    return order
 
 
 def ray_order(box, origins, directions):
@@ -756,11 +742,11 @@ def ray_order(box, origins, directions):
 
     Returns
     -------
-    order, rank : (num_rays,) int32, or None
-        ``order[r]`` is the ray traced ``r``-th, ``rank`` its inverse. None
-        when the rays keep their order: fewer than :data:`SORT_MIN_RAYS`, or
-        coherent already (most neighbours share their cell and octant, as
-        a camera's rays row by row do).
+    (num_rays,) int32 or None
+        ``order[r]`` is the ray traced ``r``-th. None when the rays keep their
+        order: fewer than :data:`SORT_MIN_RAYS`, or coherent already (most
+        neighbours share their cells and octant, as a camera's rays row by row
+        do).
     """
     n = origins.shape[0]
     if n < SORT_MIN_RAYS:
@@ -776,21 +762,6 @@ def ray_order(box, origins, directions):
     keys = np.empty(n, np.uint32)
     _ray_keys(origins, directions, grid, keys)
     return _radix_order(keys, _KEY_BITS)
-
-
-@numba.njit(cache=True, parallel=True, error_model="numpy")
-def _unsort(rank, s_t, s_tri, s_u, s_v, hit_t, hit_tri, hit_u, hit_v):
-    # answers in traced order back to the caller's order; each core writes
-    # its own range (no two cores share a cache line of the output)
-    n = rank.shape[0]
-    num_chunks = (n + KEY_CHUNK - 1) // KEY_CHUNK
-    for c in numba.prange(num_chunks):
-        for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
-            r = rank[i]
-            hit_t[i] = s_t[r]
-            hit_tri[i] = s_tri[r]
-            hit_u[i] = s_u[r]
-            hit_v[i] = s_v[r]
 
 
 # --- the tree as the CPU reads it -------------------------------------------------
@@ -878,20 +849,14 @@ def _run_tree(tree, origins, directions, tmin, tmax, any_hit):
     if not num_rays:
         return hit_t, hit_tri, hit_u, hit_v
     lay = cpu_layout(tree)
-    sorted_rays = ray_order(lay.bounds, origins, directions)
-    if sorted_rays is None:
-        order, rank = np.arange(num_rays, dtype=np.int32), None
-        traced = (hit_t, hit_tri, hit_u, hit_v)
-    else:
-        order, rank = sorted_rays
-        traced = (np.empty(num_rays, np.float32), np.empty(num_rays, np.int32),
-                  np.empty(num_rays, np.float32), np.empty(num_rays, np.float32))
+    order = ray_order(lay.bounds, origins, directions)
+    if order is None:
+        order = np.arange(num_rays, dtype=np.int32)
     # chunks go to whichever core is free (the rays of a frame differ in cost)
     with numba.parallel_chunksize(1):
         _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
-                    directions, tmin, tmax, any_hit, lay.stack_size, *traced, order)
-    if rank is not None:
-        _unsort(rank, *traced, hit_t, hit_tri, hit_u, hit_v)
+                    directions, tmin, tmax, any_hit, lay.stack_size, hit_t, hit_tri, hit_u,
+                    hit_v, order)
     return hit_t, hit_tri, hit_u, hit_v
 
 
