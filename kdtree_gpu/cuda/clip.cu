@@ -28,7 +28,9 @@ extern "C" __global__ void kd_reference_boxes(const float* __restrict__ event_po
 __device__ __forceinline__ float kd_round_outward(double x, bool down)
 {
     float f = __double2float_rn(x);
-    if (down ? (double)f > x : (double)f < x) f = nextafterf(f, down ? -INFINITY : INFINITY);
+    // toward -inf or +inf (bit patterns: NVRTC has no INFINITY macro)
+    float toward = __int_as_float(down ? (int)0xff800000u : 0x7f800000);
+    if (down ? (double)f > x : (double)f < x) f = nextafterf(f, toward);
     return f + 0.0f;
 }
 
