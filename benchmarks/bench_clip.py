@@ -3,7 +3,8 @@
 
 For each mesh and each setting (``SAHConfig()`` and ``SAHConfig(clip=True)``):
 
-* GPU build as a user calls it, ``kd.build(V, F, config)`` on CuPy arrays:
+* GPU build as a user calls it, ``kd.build(V, F, config, kernels=...)`` on
+  CuPy arrays (``--kernels``, default the CUDA drivers, ``"fused"``):
   CUDA events around the call, median of ``--repeats`` after ``--warmup``;
   the first call of the process (compilation included) separately;
 * the CPU reference, ``cpu_reference.build`` on every core of the machine
@@ -56,6 +57,8 @@ def parse_args(argv=None):
     p.add_argument("--width", type=int, default=1920)
     p.add_argument("--height", type=int, default=1080)
     p.add_argument("--no-rays", action="store_true", help="builds only")
+    p.add_argument("--kernels", default="fused", choices=["fused", "stages", "xp"],
+                   help="the GPU builder for both settings (kd.build's kernels)")
     return p.parse_args(argv)
 
 
@@ -69,10 +72,11 @@ def bench_setting(V, F, cfg, rays, args, pb):
     Vd, Fd = cupy.asarray(V), cupy.asarray(F)
     cupy.cuda.get_current_stream().synchronize()
     t0 = time.perf_counter()
-    tree = kd.build(Vd, Fd, cfg)
+    tree = kd.build(Vd, Fd, cfg, kernels=args.kernels)
     cupy.cuda.get_current_stream().synchronize()
     first_s = time.perf_counter() - t0
-    gpu_ms, gpu_all = gpu_time_ms(lambda: kd.build(Vd, Fd, cfg), args.repeats, args.warmup)
+    gpu_ms, gpu_all = gpu_time_ms(lambda: kd.build(Vd, Fd, cfg, kernels=args.kernels),
+                                  args.repeats, args.warmup)
     cpu_reference.build(V, F, cfg)  # warm-up (numba cache)
     cpu_s = []
     for _ in range(args.cpu_repeats):
@@ -117,8 +121,8 @@ def bench_mesh(name, args, pb):
 def markdown_table(result):
     lines = [f"# Perfect splits (clip=True) against plain splits, {result['device']}",
              "",
-             f"commit `{result['commit']}`, {result['date']}. GPU build: `kd.build` on CuPy "
-             f"arrays, CUDA events, median of {result['repeats']} after {result['warmup']} "
+             f"commit `{result['commit']}`, {result['date']}. GPU build: `kd.build(..., "
+             f"kernels='{result['kernels']}')` on CuPy arrays, CUDA events, median of {result['repeats']} after {result['warmup']} "
              "warm-up calls; CPU reference: `cpu_reference.build` on "
              f"{result['cpu_count']} cores, wall clock, median. Rays: {result['width']}x"
              f"{result['height']} peer_bench primary and diffuse rays (the same for both "
@@ -180,7 +184,7 @@ def main(argv=None):
     device = device_name()
     result = {"device": device, "commit": git_commit(), "date": utc_now(),
               "repeats": args.repeats, "warmup": args.warmup, "width": args.width,
-              "height": args.height, "cpu_count": os.cpu_count()}
+              "height": args.height, "cpu_count": os.cpu_count(), "kernels": args.kernels}
     return run_meshes(result, args.meshes, lambda name: bench_mesh(name, args, pb),
                       markdown_table, args.out, f"clip_{gpu_slug(device)}")
 

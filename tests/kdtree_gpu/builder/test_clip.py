@@ -245,7 +245,8 @@ def test_gpu_builders_clip_as_the_reference(seed, kernels):
 def test_gpu_clip_equals_naive_builder(seed):
     V, F = scenes.random_scene(seed)
     cfg = CLIP_CONFIGS[seed % len(CLIP_CONFIGS)]
-    scenes.assert_same_tree(naive.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))
+    scenes.assert_same_tree(naive.build(V, F, cfg),
+                            kd.build(V, F, cfg, device="cuda", kernels="fused"))
 
 
 @gpu
@@ -255,4 +256,5 @@ def test_gpu_clip_equals_naive_builder(seed):
 def test_gpu_clips_real_meshes_as_the_reference(name, axes, mesh_path):
     V, F = kd.load_mesh(mesh_path(name))
     cfg = SAHConfig(clip=True, axes=axes)
-    scenes.assert_same_tree(cpu_reference.build(V, F, cfg), kd.build(V, F, cfg, device="cuda"))
+    scenes.assert_same_tree(cpu_reference.build(V, F, cfg),
+                            kd.build(V, F, cfg, device="cuda", kernels="fused"))
