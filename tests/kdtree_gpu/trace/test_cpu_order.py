@@ -89,3 +89,25 @@ def test_ray_order_is_a_permutation_sorted_by_key(rng):
     octant = (D < 0) @ np.array([1, 2, 4])
     assert np.mean(octant[order][1:] == octant[order][:-1]) > 0.99
     assert cpu.ray_order(bounds, O[:100], D[:100]) is None  # too few to sort
+
+
+@pytest.mark.parametrize("intervals", ["scalar", "arrays"])
+def test_compiled_ray_checks_equal_the_numpy_ones(rng, intervals):
+    from kdtree_gpu.trace.api import ray_problems
+
+    n = 5000
+    O = rng.normal(size=(n, 3)).astype(np.float32)
+    D = rng.normal(size=(n, 3)).astype(np.float32)
+    specials = np.float32([np.nan, np.inf, -np.inf, 0.0, -0.0])
+    for a in (O, D):
+        rows = rng.choice(n, 600, replace=False)
+        a[rows, rng.integers(0, 3, 600)] = rng.choice(specials, 600)
+    D[rng.choice(n, 300, replace=False)] = rng.choice([0.0, -0.0], (300, 3))
+    if intervals == "scalar":
+        t0, t1 = 0.0, np.inf
+    else:
+        t0 = rng.choice(np.float32([0, 1, np.nan, -np.inf]), n)
+        t1 = rng.choice(np.float32([0.5, 2, np.nan, np.inf]), n)
+    expected = ray_problems(O, D, t0, t1)
+    assert len(np.unique(expected)) >= (4 if intervals == "scalar" else 7)
+    np.testing.assert_array_equal(cpu.ray_problems_cpu(O, D, t0, t1), expected)
