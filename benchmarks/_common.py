@@ -108,6 +108,30 @@ def optix_table(peers_dir):
     return table
 
 
+def start_gpu_benchmark(script, peers_dir):
+    """What every GPU benchmark does first: require a GPU, import the peers' script.
+
+    Returns
+    -------
+    peer_bench : module
+        ``peers_dir/peer_bench.py`` (its rays, mesh loader and peers).
+    device : str
+        The GPU's name, e.g. ``"NVIDIA H200"``.
+    result : dict
+        The record every result file starts with: device, commit, date.
+    """
+    import importlib
+    import sys
+
+    from kdtree_gpu.device import device_name, require_gpu
+
+    require_gpu(script)
+    sys.path.insert(0, str(Path(peers_dir).resolve()))
+    device = device_name("cuda")
+    return (importlib.import_module("peer_bench"), device,
+            {"device": device, "commit": git_commit(), "date": utc_now()})
+
+
 def gpu_slug(name):
     """``"NVIDIA H200"`` -> ``"h200"``: the file-name label of a device."""
     words = [w for w in re.split(r"[^0-9a-zA-Z]+", name.lower()) if w and w != "nvidia"]

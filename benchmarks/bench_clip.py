@@ -27,7 +27,6 @@ Writes ``clip_<gpu>.json`` and ``clip_<gpu>.md``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import statistics
 import sys
@@ -39,7 +38,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import gpu_slug, gpu_time_ms, md_row, run_meshes, utc_now  # noqa: E402
+from _common import (gpu_slug, gpu_time_ms, md_row, run_meshes,  # noqa: E402
+                     start_gpu_benchmark)
 
 DEFAULT_MESHES = ["suzanne", "stanford_bunny", "happy_buddha_100k", "lucy_100k",
                   "stanford_dragon_res2", "stanford_armadillo", "sponza_dabrovic", "conference"]
@@ -174,17 +174,9 @@ def markdown_table(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    from kdtree_gpu.device import require_gpu
-
-    require_gpu("bench_clip.py")
-    from gpu_traversal_check import device_name, git_commit
-
-    sys.path.insert(0, str(Path(args.peers_dir).resolve()))
-    pb = importlib.import_module("peer_bench")
-    device = device_name()
-    result = {"device": device, "commit": git_commit(), "date": utc_now(),
-              "repeats": args.repeats, "warmup": args.warmup, "width": args.width,
-              "height": args.height, "cpu_count": os.cpu_count(), "kernels": args.kernels}
+    pb, device, result = start_gpu_benchmark("bench_clip.py", args.peers_dir)
+    result.update(repeats=args.repeats, warmup=args.warmup, width=args.width, height=args.height,
+                  cpu_count=os.cpu_count(), kernels=args.kernels)
     return run_meshes(result, args.meshes, lambda name: bench_mesh(name, args, pb),
                       markdown_table, args.out, f"clip_{gpu_slug(device)}")
 

@@ -46,8 +46,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (git_commit, gpu_slug, gpu_time_per_call_ms, md_row,  # noqa: E402
-                     optix_table, run_meshes, utc_now)
+from _common import (gpu_slug, gpu_time_per_call_ms, md_row, optix_table,  # noqa: E402
+                     run_meshes, start_gpu_benchmark)
 
 DEFAULT_MESHES = ["stanford_bunny", "conference", "stanford_armadillo@sub1",
                   "stanford_armadillo@sub2"]
@@ -198,17 +198,12 @@ def markdown(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    sys.path.insert(0, str(Path(args.peers_dir).resolve()))
     if args.memory_only:
+        sys.path.insert(0, str(Path(args.peers_dir).resolve()))
         return memory_only(args)
-    from kdtree_gpu.device import device_name, require_gpu
-
-    require_gpu("bench_first_hit.py")
-    pb = importlib.import_module("peer_bench")
+    pb, device, result = start_gpu_benchmark("bench_first_hit.py", args.peers_dir)
     optix = optix_table(args.peers_dir)
-    device = device_name("cuda")
-    result = {"device": device, "commit": git_commit(), "date": utc_now(),
-              "width": args.width, "height": args.height, "repeats": args.repeats}
+    result.update(width=args.width, height=args.height, repeats=args.repeats)
     return run_meshes(result, args.meshes, lambda spec: bench_mesh(spec, args, pb, optix),
                       markdown, args.out, f"first_hit_{gpu_slug(device)}")
 

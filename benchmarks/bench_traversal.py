@@ -38,7 +38,6 @@ Writes ``traversal_<gpu>.json`` and ``traversal_<gpu>.md`` under ``--out``.
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 import time
@@ -50,7 +49,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import (gpu_slug, gpu_time_ms, gpu_time_per_call_ms, md_row,  # noqa: E402
-                     optix_table, run_meshes, utc_now)
+                     optix_table, run_meshes, start_gpu_benchmark)
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -302,19 +301,10 @@ def markdown_table(result):
 
 def main(argv=None):
     args = parse_args(argv)
-    from kdtree_gpu.device import require_gpu
-
-    require_gpu("bench_traversal.py")
-    from gpu_traversal_check import device_name, git_commit
-
-    sys.path.insert(0, str(Path(args.peers_dir).resolve()))
-    pb = importlib.import_module("peer_bench")
-    device = device_name()
-    result = {"device": device, "commit": git_commit(), "optix": optix_table(args.peers_dir),
-              "date": utc_now(), "width": args.width, "height": args.height,
-              "repeats": args.repeats, "warmup": args.warmup,
-              "light_height_diagonals": LIGHT_HEIGHT, "shadow_eps": SHADOW_EPS,
-              "cpu_count": os.cpu_count()}
+    pb, device, result = start_gpu_benchmark("bench_traversal.py", args.peers_dir)
+    result.update(optix=optix_table(args.peers_dir), width=args.width, height=args.height,
+                  repeats=args.repeats, warmup=args.warmup, light_height_diagonals=LIGHT_HEIGHT,
+                  shadow_eps=SHADOW_EPS, cpu_count=os.cpu_count())
     return run_meshes(result, args.meshes, lambda name: bench_mesh(name, args, pb),
                       markdown_table, args.out, f"traversal_{gpu_slug(device)}")
 
