@@ -116,7 +116,7 @@ def format_table(rows) -> str:
 
 def add_parser(commands, shared) -> None:
     """Declare ``kdtree-gpu bench``: its help, examples and options."""
-    from .parser import non_negative_int, positive_int
+    from .options import non_negative_int, positive_int
 
     p = shared.add(commands, "bench", "a quick benchmark table",
                    "Time the builders on the built-in scenes and on any meshes given, and the ray "

@@ -13,7 +13,7 @@ from .common import (EXIT_FAILURE, EXIT_OK, EXIT_USAGE, TREE_SUFFIX, CliError, a
                      check_writable, config_from_args, describe_error, format_summary, isatty,
                      print_error, print_json, print_line, print_note, print_warning,
                      progress_bar, resolve_cli_device, resolve_mesh_inputs)
-from .parser import positive_int
+from .options import positive_int
 
 
 EXAMPLES = """examples:

@@ -57,7 +57,7 @@ def run(args) -> int:
 
 def add_parser(commands, shared) -> None:
     """Declare ``kdtree-gpu demo``: its help, examples and options."""
-    from .parser import parse_size, positive_int
+    from .options import parse_size, positive_int
 
     p = shared.add(commands, "demo", "build, trace and render the Cornell box",
                    "Build a tree for the built-in Cornell box, cast random rays (checked against brute "

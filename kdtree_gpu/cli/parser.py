@@ -1,23 +1,23 @@
-"""The argument parser: the top level, option types, the option groups commands share.
+"""The argument parser: the top level and the option groups commands share.
 
 Each command module declares its own options, help text and examples in an
 ``add_parser(commands, shared)`` function next to its ``run``; this module
-puts them together (:func:`build_parser`).
+puts them together (:func:`build_parser`). The option types are in
+:mod:`.options`, which the command modules import (they are imported here).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import math
 import textwrap
 
 from ..config import AXES_CHOICES, SAHConfig
 from ..mesh import MESH_DIR_ENV
 from .common import EXIT_USAGE, PROG, print_error
+from .options import device_choice, finite_float, non_negative_int
 
 DEVICE_METAVAR = "{auto,cpu,gpu,cuda,cuda:N}"
-MAX_IMAGE_SIDE = 16384
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,98 +26,6 @@ class _Parser(argparse.ArgumentParser):
     def error(self, message):
         print_error(f"{message} (see '{self.prog} --help')")
         raise SystemExit(EXIT_USAGE)
-
-
-# --- option types ----------------------------------------------------------------------
-
-def _int_at_least(minimum: int, what: str):
-    """An option type: integers ``>= minimum``, with ``what`` in the error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum:
-            raise argparse.ArgumentTypeError(f"expected {what}, got {text!r}")
-        return value
-
-    return parse
-
-
-positive_int = _int_at_least(1, "a positive integer")
-non_negative_int = _int_at_least(0, "an integer >= 0")
-
-
-def finite_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def parse_size(text: str) -> tuple:
-    """Parse an image size ``"WxH"`` or ``"N"`` (square).
-
-    Returns
-    -------
-    (int, int)
-        Width and height, each in ``[1, 16384]``.
-
-    Raises
-    ------
-    argparse.ArgumentTypeError
-        Anything else.
-    """
-    parts = text.lower().replace("×", "x").split("x")
-    try:
-        if len(parts) == 1:
-            width = height = int(parts[0])
-        elif len(parts) == 2:
-            width, height = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected WxH or N (e.g. 640x480 or 256), got {text!r}") \
-            from None
-    if not (1 <= width <= MAX_IMAGE_SIDE and 1 <= height <= MAX_IMAGE_SIDE):
-        raise argparse.ArgumentTypeError(
-            f"width and height must be in [1, {MAX_IMAGE_SIDE}], got {text!r}")
-    return width, height
-
-
-def parse_vector(text: str) -> tuple:
-    """Parse a point or direction ``"X,Y,Z"`` (three finite numbers)."""
-    parts = text.split(",")
-    try:
-        values = tuple(float(p) for p in parts)
-    except ValueError:
-        values = ()
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise argparse.ArgumentTypeError(f"expected three numbers X,Y,Z, got {text!r}")
-    return values
-
-
-def parse_fov(text: str) -> float:
-    """Parse a vertical field of view in degrees, in ``(0, 180)``."""
-    value = finite_float(text)
-    if not 0.0 < value < 180.0:
-        raise argparse.ArgumentTypeError(f"expected degrees in (0, 180), got {text!r}")
-    return value
-
-
-def device_choice(text: str) -> str:
-    """A device name as :func:`kdtree_gpu.device.parse_device` reads it (checked, not resolved)."""
-    from ..device import parse_device
-
-    try:
-        parse_device(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-    return text.strip().lower()
 
 
 # --- the parser ------------------------------------------------------------------------

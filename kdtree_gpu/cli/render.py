@@ -142,7 +142,7 @@ def _xyz(values) -> str:
 
 def add_parser(commands, shared) -> None:
     """Declare ``kdtree-gpu render``: its help, examples and options."""
-    from .parser import parse_fov, parse_size, parse_vector, positive_int
+    from .options import parse_fov, parse_size, parse_vector, positive_int
 
     p = shared.add(commands, "render", "path-trace a mesh or a built-in scene to a PNG",
                    "Render MESH (a file, a name, or a built-in scene such as 'cornell') with the path "

@@ -105,7 +105,7 @@ def run(args) -> int:
 
 def add_parser(commands, shared) -> None:
     """Declare ``kdtree-gpu verify``: its help, examples and options."""
-    from .parser import positive_int
+    from .options import positive_int
 
     p = shared.add(commands, "verify", "check the builder against the CPU reference and brute force",
                    "Build MESH with the level-by-level pipeline (on the GPU, or the NumPy pipeline with "

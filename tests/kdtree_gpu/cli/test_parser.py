@@ -1,4 +1,5 @@
-"""The parser (kdtree_gpu.cli.parser): commands, help with examples, option types, usage errors."""
+"""The parser (kdtree_gpu.cli.parser) and the option types (kdtree_gpu.cli.options): commands,
+help with examples, usage errors."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import kdtree_gpu
-from kdtree_gpu.cli import parser
+from kdtree_gpu.cli import options
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 COMMANDS = ("build", "info", "verify", "render", "bench", "demo")
@@ -77,22 +78,22 @@ def test_bad_option_values_give_one_line_errors(run_cli, cli_helpers, tmp_path, 
 
 
 def test_parse_size_accepts_square_and_rectangles():
-    assert parser.parse_size("64") == (64, 64)
-    assert parser.parse_size("640x480") == (640, 480)
-    assert parser.parse_size("32X16") == (32, 16)
+    assert options.parse_size("64") == (64, 64)
+    assert options.parse_size("640x480") == (640, 480)
+    assert options.parse_size("32X16") == (32, 16)
 
 
 def test_parse_vector_and_fov():
-    assert parser.parse_vector("1,-2.5,3e2") == (1.0, -2.5, 300.0)
+    assert options.parse_vector("1,-2.5,3e2") == (1.0, -2.5, 300.0)
     for bad in ("1,2", "1,2,3,4", "a,b,c", "1,inf,2"):
         with pytest.raises(argparse.ArgumentTypeError):
-            parser.parse_vector(bad)
-    assert parser.parse_fov("60") == 60.0
+            options.parse_vector(bad)
+    assert options.parse_fov("60") == 60.0
     for bad in ("0", "180", "-5", "wide"):
         with pytest.raises(argparse.ArgumentTypeError):
-            parser.parse_fov(bad)
+            options.parse_fov(bad)
 
 
 @pytest.mark.parametrize("name", ["auto", "cpu", "gpu", "cuda", "cuda:0", "CUDA:3", " GPU "])
 def test_device_choice_reads_every_name_of_the_device_module(name):
-    assert parser.device_choice(name) == name.strip().lower()
+    assert options.device_choice(name) == name.strip().lower()
