@@ -84,7 +84,7 @@ R10 Output. A split appends two adjacent nodes (left, right) and records
     (``KdTree.compare``).
 """
 
-from .warmup import WarmUp, warm_up
-from .wald_havran import build
+from .wald_havran import build, warm_up
+from .warmup import WarmUp
 
 __all__ = ["build", "warm_up", "WarmUp"]

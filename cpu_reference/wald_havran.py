@@ -35,7 +35,7 @@ from kdtree_gpu.tree import KdTree
 
 from .events import build_root_events
 from .tasks import Subtree, SubtreeBuilder, assemble, run_subtrees
-from .warmup import warm_up
+from .warmup import WarmUp, compile_once
 
 # Nodes with more triangles than this share of the root's are split one task
 # at a time, so that the tree is cut into a few hundred independent subtrees
@@ -111,6 +111,40 @@ def build(vertices, faces, config=None, *, threads=None, progress=None) -> KdTre
                     "build_seconds": build_seconds, "compile_seconds": compile_seconds,
                     "compiled": compiled, "subtrees": num_subtrees, "max_depth": max_depth},
     )
+
+
+def warm_up() -> WarmUp:
+    """Compile, or load from numba's cache, every kernel the builder calls.
+
+    The first call in a process builds two small trees (without and with
+    perfect splits) through the same calls as :func:`build` and prints
+    :data:`cpu_reference.warmup.COMPILE_MESSAGE` on stderr before numba
+    starts compiling, if it has to; later calls return at once.
+    :func:`build` calls it, so call it yourself only to keep compilation out
+    of a measurement.
+
+    Returns
+    -------
+    WarmUp
+        ``(seconds, compiled)``.
+    """
+    return compile_once(_build_small_trees)
+
+
+def _build_small_trees():
+    # the build's own code path, on a mesh big enough to split into tasks: the
+    # kernels see the argument types of a real build and compile for exactly those
+    rng = np.random.default_rng(0)
+    centres = rng.uniform(0.0, 1.0, size=(24, 1, 3))
+    vertices = (centres + 0.1 * rng.uniform(-1.0, 1.0, size=(24, 3, 3))).reshape(-1, 3)
+    faces = np.arange(vertices.shape[0]).reshape(-1, 3)
+    V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
+    config = SAHConfig()
+    for clip in (False, True):
+        _build_arrays(V, F, tri_lo, tri_hi, valid, bounds, config.k_traversal,
+                      config.k_intersect, config.empty_bonus, config.leaf_size,
+                      config.resolved_max_depth(F.shape[0]), False, clip, threads=1,
+                      split_above=8)
 
 
 def resolve_config(config) -> SAHConfig:

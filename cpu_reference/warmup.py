@@ -3,9 +3,10 @@
 Every kernel is ``cache=True``: numba compiles it on the first call on a
 machine (about half a minute for the whole builder) and loads it from its
 on-disk cache (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside the sources)
-in later processes. :func:`warm_up` makes the first build's calls on a
-small mesh, so that compilation happens there, before any timing, and prints
-one line on stderr when (and only when) numba really compiles.
+in later processes. :func:`compile_once` runs a warm-up once per process
+(``cpu_reference.warm_up`` passes the first build's calls on a small mesh,
+so that compilation happens there, before any timing) and prints one line on
+stderr when (and only when) numba really compiles.
 
 numba tells the two apart with its event API: a dispatcher first tries its
 cache and broadcasts a ``"numba:compile"`` event only after a miss, when it
@@ -22,7 +23,6 @@ import threading
 import time
 from typing import NamedTuple
 
-import numpy as np
 from numba.core import event
 
 COMPILE_MESSAGE = "kdtree-gpu: compiling CPU kernels, once per machine (about 30 s)..."
@@ -69,15 +69,13 @@ class _CompileListener(event.Listener):
         pass
 
 
-def warm_up() -> WarmUp:
-    """Compile, or load from numba's cache, every kernel the builder calls.
+def compile_once(work) -> WarmUp:
+    """Run ``work()`` once per process, saying so on stderr if numba compiles.
 
-    The first call in a process builds two small trees (without and with
-    perfect splits) through the same calls as :func:`cpu_reference.build`
-    and prints :data:`COMPILE_MESSAGE` on stderr before numba starts
-    compiling, if it has to; later calls return at once.
-    :func:`cpu_reference.build` calls it, so call it yourself only to keep
-    compilation out of a measurement.
+    ``work`` makes the calls whose kernels must be ready (the builder's
+    :func:`cpu_reference.warm_up` passes small builds through its own code
+    path). :data:`COMPILE_MESSAGE` is printed before numba starts compiling,
+    if it has to; later calls return at once.
 
     Returns
     -------
@@ -91,27 +89,6 @@ def warm_up() -> WarmUp:
             return WarmUp(time.perf_counter() - start, False)
         listener = _CompileListener()
         with event.install_listener("numba:compile", listener):
-            _build_small_trees()
+            work()
         _warm = True
     return WarmUp(time.perf_counter() - start, listener.compiled)
-
-
-def _build_small_trees():
-    # the build's own code path, on a mesh big enough to split into tasks: the
-    # kernels see the argument types of a real build and compile for exactly those
-    from kdtree_gpu.config import SAHConfig
-    from kdtree_gpu.mesh import prepare_mesh
-
-    from .wald_havran import _build_arrays
-
-    rng = np.random.default_rng(0)
-    centres = rng.uniform(0.0, 1.0, size=(24, 1, 3))
-    vertices = (centres + 0.1 * rng.uniform(-1.0, 1.0, size=(24, 3, 3))).reshape(-1, 3)
-    faces = np.arange(vertices.shape[0]).reshape(-1, 3)
-    V, F, tri_lo, tri_hi, valid, bounds = prepare_mesh(vertices, faces)
-    config = SAHConfig()
-    for clip in (False, True):
-        _build_arrays(V, F, tri_lo, tri_hi, valid, bounds, config.k_traversal,
-                      config.k_intersect, config.empty_bonus, config.leaf_size,
-                      config.resolved_max_depth(F.shape[0]), False, clip, threads=1,
-                      split_above=8)
