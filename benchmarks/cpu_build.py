@@ -45,7 +45,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -54,12 +53,14 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "benchmarks"))
 
 import numba  # noqa: E402
 
 import cpu_reference  # noqa: E402
 from cpu_reference.wald_havran import resolve_threads  # noqa: E402
 from kdtree_gpu import SAHConfig  # noqa: E402
+from _common import git_commit  # noqa: E402
 
 DEFAULT_MESHES = ["suzanne", "stanford_bunny", "conference", "stanford_armadillo"]
 SUBDIVIDED = "stanford_armadillo_subdiv4x"
@@ -97,18 +98,6 @@ def read_mesh(folder: Path, name: str):
     V, F = load_mesh(folder / "stanford_armadillo.ply")
     V, F = trimesh.remesh.subdivide(V.astype(np.float64), F)
     return V.astype(np.float32), F.astype(np.int32)
-
-
-def git_commit() -> str:
-    value = os.environ.get("KDTREE_GPU_COMMIT", "").strip()
-    if value:
-        return value
-    try:
-        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                             capture_output=True, text=True, check=True)
-        return out.stdout.strip() or "unknown"
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
 
 
 def machine_info() -> dict:
