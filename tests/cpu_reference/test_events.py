@@ -10,24 +10,9 @@ from cpu_reference.events import (build_root_events, decode_event_keys, encode_e
                                   sort_events)
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.mesh import prepare_mesh
+from kdtree_gpu.testing.meshes import quad_x, triangles, wedge
 
 END, PLANAR, START = enc.EVENT_END, enc.EVENT_PLANAR, enc.EVENT_START
-
-
-def triangles(*tris):
-    """Vertices and faces of unshared triangles given as 3x3 coordinate lists."""
-    V = np.array(tris, dtype=np.float32).reshape(-1, 3)
-    return V, np.arange(V.shape[0], dtype=np.int32).reshape(-1, 3)
-
-
-def quad_x(x, y0=0.0, y1=1.0, z0=0.0, z1=1.0):
-    """Two triangles of an axis-aligned quad in the plane ``x``."""
-    return ([[x, y0, z0], [x, y1, z0], [x, y1, z1]], [[x, y0, z0], [x, y1, z1], [x, y0, z1]])
-
-
-def wedge(x0, x1):
-    """A triangle whose box is ``[x0, x1] x [0, 1] x [0, 1]``."""
-    return [[x0, 0.0, 0.0], [x1, 1.0, 0.0], [0.5 * (x0 + x1), 0.0, 1.0]]
 
 
 def root_events(V, F, axis):

@@ -14,82 +14,9 @@ from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_pair
 from kdtree_gpu import SAHConfig
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import level_loop
+from kdtree_gpu.testing.meshes import (CONFIGS, REAL_MESHES, assert_same_tree, grid_soup,
+                                       quads, random_scene, soup)
 
-REAL_MESHES = ["cornell_box", "suzanne", "spot", "teapot", "stanford_bunny", "sponza_dabrovic",
-               "happy_buddha_100k", "lucy_100k", "stanford_dragon_res2", "stanford_armadillo",
-               "conference"]
-
-
-# --- scenes --------------------------------------------------------------------------
-def soup(rng, n, scale=0.15):
-    """Small random triangles in the unit cube."""
-    centers = rng.random((n, 1, 3))
-    V = (centers + scale * rng.random((n, 3, 3))).reshape(-1, 3).astype(np.float32)
-    return V, np.arange(3 * n, dtype=np.int32).reshape(n, 3)
-
-
-def grid_soup(rng, n):
-    """Triangles with integer coordinates: many equal event positions and planar triangles."""
-    V = (rng.integers(0, 8, (n, 1, 3)) + rng.integers(0, 2, (n, 3, 3))).reshape(-1, 3)
-    # One triangle that is surely not degenerate, so no scene is all zero-area.
-    V = np.concatenate([V, [[0, 0, 0], [1, 0, 0], [0, 1, 1]]])
-    return V.astype(np.float32), np.arange(3 * n + 3, dtype=np.int32).reshape(n + 1, 3)
-
-
-def quads(rng, n, duplicate=False):
-    """Axis-aligned unit quads on an integer grid: planar-heavy, planes shared by many."""
-    pts = []
-    for _ in range(n):
-        ax = int(rng.integers(0, 3))
-        c = int(rng.integers(0, 4))
-        u0, v0 = (int(x) for x in rng.integers(0, 3, 2))
-        for du, dv in ((0, 0), (1, 0), (1, 1), (0, 1)):
-            p = [0, 0, 0]
-            p[ax], p[(ax + 1) % 3], p[(ax + 2) % 3] = c, u0 + du, v0 + dv
-            pts.append(p)
-    V = np.array(pts, dtype=np.float32)
-    F = np.concatenate([[[4 * i, 4 * i + 1, 4 * i + 2], [4 * i, 4 * i + 2, 4 * i + 3]]
-                        for i in range(n)]).astype(np.int32)
-    if duplicate:
-        F = np.concatenate([F, F[: max(1, len(F) // 3)]])
-    return V, F
-
-
-def with_degenerate(V, F):
-    """Append a zero-area triangle (a repeated vertex) and a collinear one."""
-    F = np.concatenate([F, [[0, 0, 1]], [[0, 1, 1]]]).astype(np.int32)
-    return V, F
-
-
-def random_scene(seed):
-    rng = np.random.default_rng(seed)
-    kind = seed % 5
-    if kind == 0:
-        return soup(rng, int(rng.integers(1, 60)))
-    if kind == 1:
-        return grid_soup(rng, int(rng.integers(1, 40)))
-    if kind == 2:
-        return quads(rng, int(rng.integers(1, 14)))
-    if kind == 3:
-        return quads(rng, int(rng.integers(1, 14)), duplicate=True)
-    return with_degenerate(*soup(rng, int(rng.integers(2, 30))))
-
-
-CONFIGS = [
-    SAHConfig(),
-    SAHConfig(axes="longest"),
-    SAHConfig(leaf_size=2, empty_bonus=1.0),
-    SAHConfig(max_depth=4, k_traversal=1.0, k_intersect=1.5),
-]
-
-
-def assert_same_tree(reference, tree):
-    diff = reference.compare(tree)
-    assert diff is None, diff
-    assert tree.num_nodes == reference.num_nodes
-    assert tree.num_refs == reference.num_refs
-    assert tree.num_degenerate == reference.num_degenerate
-    tree.check()
 
 
 # --- NumPy pipeline (runs in CI) ----------------------------------------------------------

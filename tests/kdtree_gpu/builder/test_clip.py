@@ -6,10 +6,6 @@ merged events the order of a full sort, and the trees node for node those of
 GPU tests (``-m gpu``) run the same code on CuPy.
 """
 
-import dataclasses
-import importlib.util
-from pathlib import Path
-
 import numpy as np
 import pytest
 
@@ -23,18 +19,11 @@ from kdtree_gpu.builder.clip import clip_child_boxes, merge_events, reference_bo
 from kdtree_gpu.builder.soa import EventSoA
 from kdtree_gpu.builder.stages import create_root_events
 from kdtree_gpu.device import gpu_available
+from kdtree_gpu.testing import meshes as scenes
+from kdtree_gpu.testing.meshes import CLIP_CONFIGS, needles_through_clouds
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
-
-# the scenes and the tree comparison of the builder tests
-_spec = importlib.util.spec_from_file_location("builder_scenes",
-                                               Path(__file__).with_name("test_builder.py"))
-scenes = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(scenes)
-
-CLIP_CONFIGS = [dataclasses.replace(c, clip=True) for c in scenes.CONFIGS]
-
 
 # --- clipped boxes ----------------------------------------------------------------
 def clip_cases(rng, m):
@@ -154,17 +143,6 @@ def test_merge_equals_a_full_sort(seed):
 
 
 # --- whole trees ----------------------------------------------------------------------
-def needles_through_clouds(rng, n_cloud=300, n_needles=12):
-    """Clusters of small triangles pierced by long thin ones (many straddle every split)."""
-    centres = rng.random((4, 1, 3))
-    cloud = (centres + 0.1 * rng.random((4, n_cloud // 4, 3))).reshape(-1, 1, 3)
-    cloud = cloud + 0.02 * rng.random((cloud.shape[0], 3, 3))
-    a, b = rng.random((n_needles, 3)), rng.random((n_needles, 3))
-    needles = np.stack([a, b, b + 1e-3 * rng.standard_normal((n_needles, 3))], axis=1)
-    V = np.concatenate([cloud, needles]).reshape(-1, 3).astype(np.float32)
-    return V, np.arange(V.shape[0], dtype=np.int32).reshape(-1, 3)
-
-
 def clip_scene(seed):
     rng = np.random.default_rng(seed)
     kind = seed % 4

@@ -26,12 +26,11 @@ from kdtree_gpu.builder.pipeline import root_level_xp, run_level
 from kdtree_gpu.config import split_cost
 from kdtree_gpu.device import gpu_available
 from kdtree_gpu.mesh import load_mesh, prepare_mesh
+from kdtree_gpu.testing.meshes import CONFIGS
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")]
 
-CONFIGS = [SAHConfig(), SAHConfig(axes="longest"), SAHConfig(leaf_size=2, empty_bonus=1.0),
-           SAHConfig(max_depth=4, k_traversal=1.0, k_intersect=1.5)]
 
 
 def scene(seed):

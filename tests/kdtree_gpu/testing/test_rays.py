@@ -1,11 +1,11 @@
-"""Random test rays and hit comparison (kdtree_gpu.testing)."""
+"""Random test rays and hit comparison (kdtree_gpu.testing.rays)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from kdtree_gpu import testing
+from kdtree_gpu.testing import rays as testing
 
 BOUNDS = np.array([[0, 0, 0], [1, 2, 3]], np.float32)
 

@@ -19,7 +19,7 @@ from typing import NamedTuple, Optional, Union
 
 import numpy as np
 
-from .arrays import to_numpy
+from ..arrays import to_numpy
 
 # relative tolerance on the hit distance t: two answers agree on a ray when
 # their t differ by at most HIT_RTOL * |t|; two triangles hit at such equal
