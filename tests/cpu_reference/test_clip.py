@@ -101,28 +101,20 @@ def test_box_corner_outside_triangle_plane_is_empty():
     assert not ok
 
 
-def test_touching_vertex_gives_a_point_box():
-    v = np.array([[1, 0.5, 0.5], [2, 0, 0], [2, 1, 1]], np.float32)
-    ok, lo, hi = clip(v, [0, 0, 0], [1, 1, 1])
+@pytest.mark.parametrize("v, lo, hi", [
+    # a vertex touching the box: a point box
+    ([[1, 0.5, 0.5], [2, 0, 0], [2, 1, 1]], [1, 0.5, 0.5], [1, 0.5, 0.5]),
+    # a triangle lying on a face of the box is kept
+    ([[-1, -1, 1], [3, -1, 1], [-1, 3, 1]], [0, 0, 1], [1, 1, 1]),
+    # an axis-aligned cut
+    ([[0, 0, 0], [4, 0, 0], [0, 4, 0]], [0, 0, 0], [1, 4, 0]),
+], ids=["touching vertex", "on a face", "axis-aligned cut"])
+def test_exact_clips(v, lo, hi):
+    box_hi = [1, 4, 4] if lo == [0, 0, 0] and hi == [1, 4, 0] else [1, 1, 1]
+    ok, out_lo, out_hi = clip(np.array(v, np.float32), [0, 0, 0], box_hi)
     assert ok
-    np.testing.assert_array_equal(lo, [1, 0.5, 0.5])
-    np.testing.assert_array_equal(hi, [1, 0.5, 0.5])
-
-
-def test_triangle_on_box_face_is_kept():
-    v = np.array([[-1, -1, 1], [3, -1, 1], [-1, 3, 1]], np.float32)
-    ok, lo, hi = clip(v, [0, 0, 0], [1, 1, 1])
-    assert ok
-    np.testing.assert_array_equal(lo, [0, 0, 1])
-    np.testing.assert_array_equal(hi, [1, 1, 1])
-
-
-def test_axis_aligned_cut():
-    v = np.array([[0, 0, 0], [4, 0, 0], [0, 4, 0]], np.float32)
-    ok, lo, hi = clip(v, [0, 0, 0], [1, 4, 4])
-    assert ok
-    np.testing.assert_array_equal(lo, [0, 0, 0])
-    np.testing.assert_array_equal(hi, [1, 4, 0])
+    np.testing.assert_array_equal(out_lo, lo)
+    np.testing.assert_array_equal(out_hi, hi)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -17,19 +17,31 @@ def grid_soup(rng, n):
     return V.astype(np.float32), np.arange(3 * n, dtype=np.int32).reshape(n, 3)
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_classify_and_splice_follow_rule_r9(seed):
-    rng = np.random.default_rng(seed)
+def root_node(rng):
+    """A grid soup's root node in event pools, and a random split on one of its events.
+
+    Returns faces, triangle boxes, valid flags, the sorted events, their
+    counts per axis, the pools (room for both children: twice the events),
+    the segment starts, the axis and the split position (on an event: ties
+    and planar triangles on the plane).
+    """
     V, F = grid_soup(rng, 40)
     _, _, tri_lo, tri_hi, valid, _ = prepare_mesh(V, F)
     pos, kind, tri, count = sorted_root_events(tri_lo, tri_hi, valid)
-    # the pools need room for the children (twice the node's events)
     pool = [np.zeros((3, 2 * pos.shape[1] + 4), dtype=a.dtype) for a in (pos, kind, tri)]
     for buf, a in zip(pool, (pos, kind, tri)):
         buf[:, :a.shape[1]] = a
-    seg_start = np.zeros(3, np.int64)
     axis = int(rng.integers(3))
-    split = pos[axis, int(rng.integers(count[axis]))]  # on an event: ties and planar ones
+    split = pos[axis, int(rng.integers(count[axis]))]
+    return (F, tri_lo, tri_hi, valid, (pos, kind, tri), count, pool, np.zeros(3, np.int64), axis,
+            split)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_classify_and_splice_follow_rule_r9(seed):
+    rng = np.random.default_rng(seed)
+    F, tri_lo, tri_hi, valid, (pos, kind, tri), count, pool, seg_start, axis, split = \
+        root_node(rng)
     side = int(rng.choice([enc.SIDE_LEFT, enc.SIDE_RIGHT]))
     tri_class = np.full(F.shape[0], 99, np.int8)
     num_left, num_right = classify_triangles(*pool, seg_start, count, axis, split, side,
@@ -65,15 +77,8 @@ def test_classify_and_splice_follow_rule_r9(seed):
 @pytest.mark.parametrize("seed", range(6))
 def test_skipping_straddling_triangles_records_their_boxes(seed):
     rng = np.random.default_rng(100 + seed)
-    V, F = grid_soup(rng, 40)
-    _, _, tri_lo, tri_hi, valid, _ = prepare_mesh(V, F)
-    pos, kind, tri, count = sorted_root_events(tri_lo, tri_hi, valid)
-    pool = [np.zeros((3, 2 * pos.shape[1] + 4), dtype=a.dtype) for a in (pos, kind, tri)]
-    for buf, a in zip(pool, (pos, kind, tri)):
-        buf[:, :a.shape[1]] = a
-    seg_start = np.zeros(3, np.int64)
-    axis = int(rng.integers(3))
-    split = pos[axis, int(rng.integers(count[axis]))]
+    F, tri_lo, tri_hi, valid, (pos, kind, tri), count, pool, seg_start, axis, split = \
+        root_node(rng)
     tri_class = np.zeros(F.shape[0], np.int8)
     classify_triangles(*pool, seg_start, count, axis, split, enc.SIDE_LEFT, tri_class)
     both = np.flatnonzero(valid & (tri_class == enc.CLASS_BOTH))
