@@ -13,7 +13,11 @@ Three columns, every core each:
 * ``kernel``: ``kdtree_gpu.trace.cpu.intersect_cpu``, the traversal alone;
 * ``embree``: ``scene.run(origins, directions, output=1)`` over chunks of
   16384 rays on a thread pool of ``os.cpu_count()`` threads (``run``
-  releases the GIL; one call would use one core).
+  releases the GIL; one call would use one core);
+* with ``--baseline COMMIT``, ``before``: ``intersect_cpu`` of
+  ``kdtree_gpu/trace/cpu.py`` as it was at that commit (the files of
+  ``kdtree_gpu/trace/`` read with ``git show`` and imported beside the
+  current ones; same tree).
 
 Every column is warmed up first (numba compiles or loads its cache, Embree
 commits its scene). The timed calls go round-robin (ours, kernel, Embree,
@@ -36,7 +40,7 @@ ratios, agreement, machine, commit, date) and ``<out>/cpu_rays.md``.
 Usage::
 
     python benchmarks/bench_cpu_rays.py [--meshes stanford_bunny conference] [--repeats 7]
-        [--peers-dir ../shared/peers] [--out benchmarks/results]
+        [--peers-dir ../shared/peers] [--baseline fd05895] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -76,8 +80,43 @@ def parse_args(argv=None):
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--baseline", default=None,
+                   help="a commit whose trace/cpu.py is timed beside (the kernel before)")
     p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     return p.parse_args(argv)
+
+
+def load_baseline(commit):
+    """``kdtree_gpu.trace.cpu`` as it was at ``commit``, as a module of its own.
+
+    The files of ``kdtree_gpu/trace/`` at that commit are written once to a
+    folder named after it (so that numba's cache of them survives between
+    runs) and imported as the package ``kdtree_gpu._baseline_<sha>``, whose
+    ``cpu`` module and its siblings import one another as they did then.
+    """
+    import importlib.util
+    import subprocess
+    import tempfile
+
+    def git(*args):
+        return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
+                              check=True).stdout
+
+    sha = git("rev-parse", commit).strip()
+    folder = Path(tempfile.gettempdir()) / f"kdtree_gpu_baseline_{sha[:12]}" / "trace"
+    if not folder.is_dir():
+        part = folder.with_name("trace.part")
+        part.mkdir(parents=True, exist_ok=True)
+        for path in git("ls-tree", "--name-only", sha, "kdtree_gpu/trace/").split():
+            if path.endswith(".py"):
+                (part / Path(path).name).write_text(git("show", f"{sha}:{path}"))
+        part.rename(folder)
+    name = f"kdtree_gpu._baseline_{sha[:12]}"
+    # the package without running its __init__ (which imports the API of then)
+    spec = importlib.util.spec_from_file_location(name, folder / "__init__.py",
+                                                  submodule_search_locations=[str(folder)])
+    sys.modules[name] = importlib.util.module_from_spec(spec)
+    return importlib.import_module(f"{name}.cpu")
 
 
 # --- timing on a shared machine --------------------------------------------------
@@ -161,7 +200,7 @@ def agreement(t, tri, t_ref, tri_ref, diagonal):
 
 
 # --- one mesh ---------------------------------------------------------------------
-def bench_mesh(name, args, pb, machine):
+def bench_mesh(name, args, pb, machine, baseline):
     import cpu_reference
     from kdtree_gpu.mesh import load_mesh
     from kdtree_gpu.trace.cpu import intersect_cpu
@@ -181,6 +220,8 @@ def bench_mesh(name, args, pb, machine):
         calls = [lambda: tree.intersect(O, D, device="cpu"),
                  lambda: intersect_cpu(tree, O, D, t0, t1),
                  lambda: embree.intersect(O, D)]
+        if baseline is not None:
+            calls.append(lambda: baseline.intersect_cpu(tree, O, D, t0, t1))
         rounds, clean, total = time_round_robin(calls, args.repeats, args.warmup)
         ours_s, kernel_s, embree_s = (statistics.median(r[k] for r in rounds) for k in range(3))
         t, tri, _, _ = tree.intersect(O, D, device="cpu")
@@ -194,6 +235,11 @@ def bench_mesh(name, args, pb, machine):
             "kernel_over_embree": statistics.median(r[2] / r[1] for r in rounds),
             "seconds": {"ours": [r[0] for r in rounds], "kernel": [r[1] for r in rounds],
                         "embree": [r[2] for r in rounds]},
+            **({} if baseline is None else {
+                "baseline_commit": args.baseline,
+                "before_mrays_per_s": n / statistics.median(r[3] for r in rounds) / 1e6,
+                "before_over_embree": statistics.median(r[2] / r[3] for r in rounds),
+                "kernel_over_before": statistics.median(r[3] / r[1] for r in rounds)}),
             "clean_rounds": clean, "rounds": total,
             "agreement": agreement(t, tri, t_ref, tri_ref, diagonal),
             "tree": {"nodes": int(tree.num_nodes), "references": int(tree.num_refs),
@@ -216,25 +262,29 @@ def markdown_table(records):
         "ratios per round).",
         "",
         md_row("mesh", "rays", "ours Mrays/s", "kernel Mrays/s", "Embree Mrays/s",
-               "ours / Embree", "kernel / Embree", "same hit/miss", "same triangle or t",
-               "clean rounds"),
-        md_row(*["---"] * 2, *["---:"] * 8),
+               "ours / Embree", "kernel / Embree", "before Mrays/s", "kernel / before",
+               "same hit/miss", "same triangle or t", "clean rounds"),
+        md_row(*["---"] * 2, *["---:"] * 10),
     ]
     for r in records:
         a = r["agreement"]
+        before = r.get("before_mrays_per_s")
         lines.append(md_row(
             f"{r['mesh']} ({r['triangles']:,} tris)", r["rays"], f"{r['ours_mrays_per_s']:.2f}",
             f"{r['kernel_mrays_per_s']:.2f}", f"{r['embree_mrays_per_s']:.2f}",
             f"{r['ours_over_embree']:.2f}", f"{r['kernel_over_embree']:.2f}",
+            "-" if before is None else f"{before:.2f}",
+            "-" if before is None else f"{r['kernel_over_before']:.2f}",
             f"{100 * a['same_hit_or_miss']:.3f}%", f"{100 * a['same_triangle_or_t']:.3f}%",
             f"{r['clean_rounds']}/{r['rounds']}"))
     lines += [
         "",
         "ours: `tree.intersect(O, D, device=\"cpu\")` (ray checks included); kernel: "
         "`trace.cpu.intersect_cpu` alone; Embree: embreex `scene.run` over chunks of "
-        f"{EMBREE_CHUNK} rays on a thread pool (all cores). Same hit/miss: share of rays; same "
-        "triangle or t: share of the rays both hit (another triangle at the same t is a tie at "
-        "a shared edge).",
+        f"{EMBREE_CHUNK} rays on a thread pool (all cores); before: `intersect_cpu` of "
+        f"`trace/cpu.py` at commit {first.get('baseline_commit', '-')} (`--baseline`). Same "
+        "hit/miss: share of rays; same triangle or t: share of the rays both hit (another "
+        "triangle at the same t is a tie at a shared edge).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -259,10 +309,11 @@ def main(argv=None):
                "numba_threads": numba.get_num_threads(), "commit": git_commit(),
                "date": utc_now(), "python": platform.python_version(),
                "numba": numba.__version__}
+    baseline = load_baseline(args.baseline) if args.baseline else None
     records = []
     for name in args.meshes:
         print(f"# {name}", file=sys.stderr, flush=True)
-        records += bench_mesh(name, args, pb, machine)
+        records += bench_mesh(name, args, pb, machine, baseline)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu_rays.json").write_text("".join(json.dumps(r) + "\n" for r in records))

@@ -25,7 +25,7 @@ after the launch raises ``ValueError`` naming the first bad ray; with
 
 Ray conventions (hits with ``tmin <= t <= tmax``, two-sided triangles,
 barycentrics ``u`` of ``v1`` and ``v`` of ``v2``) are described in
-:mod:`kdtree_gpu.trace.cpu`.
+:mod:`kdtree_gpu.trace.watertight`.
 """
 
 from __future__ import annotations
@@ -340,7 +340,7 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
     dev = _choose_device(device, origins, directions)
     O, D, t0, t1 = check_rays(origins, directions, tmin, tmax)
     if not dev.is_cuda:
-        from .cpu import brute_cpu
+        from .brute import brute_cpu
 
         results = brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
         results = (results[1] >= 0,) if any_hit else results

@@ -7,7 +7,7 @@ import trimesh
 from kdtree_gpu import testing
 from kdtree_gpu import trace as raycast
 from kdtree_gpu.config import SAHConfig
-from kdtree_gpu.trace.cpu import brute_cpu
+from kdtree_gpu.trace.brute import brute_cpu
 from kdtree_gpu.tree import KdTree
 
 NUM_RAYS = 100_000

@@ -11,6 +11,7 @@ import trimesh
 
 from kdtree_gpu import testing
 from kdtree_gpu.trace import cpu
+from kdtree_gpu.trace.ray_order import ray_order
 
 
 def torus_tree(make_tree):
@@ -61,9 +62,9 @@ def test_any_order_gives_the_same_answers(make_tree, rng, any_hit):
 def test_coherent_rays_keep_their_order_and_agree_with_a_shuffle(make_tree, rng):
     tree = torus_tree(make_tree)
     O, D = camera_rays(tree.bounds, 160, 120)
-    assert cpu.ray_order(tree.bounds, O, D) is None  # row by row: traced as given
+    assert ray_order(tree.bounds, O, D) is None  # row by row: traced as given
     perm = rng.permutation(len(O))
-    assert cpu.ray_order(tree.bounds, O[perm], D[perm]) is not None
+    assert ray_order(tree.bounds, O[perm], D[perm]) is not None
     base = trace(tree, O, D)
     assert 0.1 < np.mean(base[1] >= 0) < 0.9
     assert_identical(trace(tree, O[perm], D[perm]), tuple(a[perm] for a in base))
@@ -83,12 +84,12 @@ def test_a_ray_alone_gets_its_answer_in_a_batch(make_tree, rng):
 def test_ray_order_is_a_permutation_sorted_by_key(rng):
     bounds = np.array([[-1, -1, -1], [1, 1, 1]], np.float32)
     O, D, _, _ = testing.random_rays(bounds, 50_000, rng)
-    order = cpu.ray_order(bounds, O, D)
+    order = ray_order(bounds, O, D)
     np.testing.assert_array_equal(np.sort(order), np.arange(len(O)))
     # neighbours in the order share the octant far more often than at random
     octant = (D < 0) @ np.array([1, 2, 4])
     assert np.mean(octant[order][1:] == octant[order][:-1]) > 0.99
-    assert cpu.ray_order(bounds, O[:100], D[:100]) is None  # too few to sort
+    assert ray_order(bounds, O[:100], D[:100]) is None  # too few to sort
 
 
 @pytest.mark.parametrize("intervals", ["scalar", "arrays"])

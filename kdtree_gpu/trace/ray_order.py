@@ -1,0 +1,164 @@
+"""The order the CPU traverses rays in: neighbours start close together and point alike.
+
+Incoherent rays (a path tracer's bounces) are put in an order where
+neighbours start close together and point alike (:func:`ray_order`: a radix
+sort on the octant, ``kz``, and Morton codes of the origin's cell in the root
+box and of the direction), so that packets fill up and neighbouring rays find
+the same nodes in the cache; rays that come coherent (a camera's, row by row)
+keep their order.
+"""
+
+from __future__ import annotations
+
+import numba
+import numpy as np
+
+from .watertight import _F32_INF, _F32_ZERO
+
+# the ray order: bits per axis of the origin's cell in the root box and of the
+# direction's cell in the rays' direction box; rays below SORT_MIN_RAYS keep
+# their order
+ORIGIN_BITS = 5
+DIRECTION_BITS = 2
+SORT_MIN_RAYS = 8192
+
+
+# Spread bits: entry c has bit b of c at bit 3 b (Morton interleaving).
+_SPREAD = np.array([sum(((c >> b) & 1) << (3 * b) for b in range(8)) for c in range(256)],
+                   np.uint32)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _cell(x, lo, scale, top):
+    # the cell of x in [lo, lo + (top + 1) / scale), clamped to 0..top, with
+    # selects rather than branches (the rays come in no order)
+    f = (x - lo) * scale
+    f = f if f > _F32_ZERO else _F32_ZERO
+    c = int(f if f < np.float32(top) else np.float32(top))
+    return c
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _ray_key(origins, directions, i, grid):
+    # kz and octant, then the Morton codes of the origin's and the direction's
+    # cells interleaved; grid: lo and scale of origins (rows 0, 1) and of
+    # directions (rows 2, 3)
+    code = np.uint32(0)
+    octant = np.uint32(0)
+    for k in range(3):
+        d = directions[i, k]
+        co = _cell(origins[i, k], grid[0, k], grid[1, k], (1 << ORIGIN_BITS) - 1)
+        cd = _cell(d, grid[2, k], grid[3, k], (1 << DIRECTION_BITS) - 1)
+        code |= ((_SPREAD[co] << np.uint32(3 * DIRECTION_BITS)) | _SPREAD[cd]) << np.uint32(k)
+        octant |= np.uint32(1 << k) if d < _F32_ZERO else np.uint32(0)
+    ax, ay, az = abs(directions[i, 0]), abs(directions[i, 1]), abs(directions[i, 2])
+    kz = 2 if (az > ax and az > ay) else (1 if ay > ax else 0)
+    top = np.uint32(3 * (ORIGIN_BITS + DIRECTION_BITS))
+    return code | (octant << top) | (np.uint32(kz) << (top + np.uint32(3)))
+
+
+_KEY_BITS = 3 * (ORIGIN_BITS + DIRECTION_BITS) + 5
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _direction_box(directions):
+    # per-axis minimum and maximum of the directions: (2, 3)
+    lx = ly = lz = _F32_INF
+    hx = hy = hz = -_F32_INF
+    for i in range(directions.shape[0]):
+        x, y, z = directions[i, 0], directions[i, 1], directions[i, 2]
+        lx = x if x < lx else lx
+        ly = y if y < ly else ly
+        lz = z if z < lz else lz
+        hx = x if x > hx else hx
+        hy = y if y > hy else hy
+        hz = z if z > hz else hz
+    return np.array([[lx, ly, lz], [hx, hy, hz]], np.float32)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _coherent(origins, directions, grid, samples):
+    # whether rays come in a coherent order already: most of ``samples``
+    # neighbour pairs spread over the batch share their key
+    n = origins.shape[0]
+    same = 0
+    for s in range(samples):
+        i = (s * (n - 1)) // samples
+        if _ray_key(origins, directions, i, grid) == _ray_key(origins, directions, i + 1, grid):
+            same += 1
+    return 2 * same >= samples
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _ray_keys(origins, directions, grid, keys):
+    # one core: waking the others costs more than this pass
+    for i in range(origins.shape[0]):
+        keys[i] = _ray_key(origins, directions, i, grid)
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _radix_order(keys, bits):
+    # stable LSD radix sort of keys below 2**bits in two passes, moving
+    # (key, index) pairs; returns the order
+    n = keys.shape[0]
+    lo_bits = (bits + 1) // 2
+    lo_mask = np.uint32((1 << lo_bits) - 1)
+    buckets = 1 << lo_bits
+    count_lo = np.zeros(buckets + 1, np.int64)
+    count_hi = np.zeros(buckets + 1, np.int64)
+    for r in range(n):
+        k = keys[r]
+        count_lo[(k & lo_mask) + 1] += 1
+        count_hi[(k >> np.uint32(lo_bits)) + 1] += 1
+    for b in range(buckets):
+        count_lo[b + 1] += count_lo[b]
+        count_hi[b + 1] += count_hi[b]
+    k1 = np.empty(n, np.uint32)
+    i1 = np.empty(n, np.int32)
+    for r in range(n):
+        k = keys[r]
+        b = k & lo_mask
+        p = count_lo[b]
+        k1[p] = k
+        i1[p] = r
+        count_lo[b] = p + 1
+    order = np.empty(n, np.int32)
+    for r in range(n):
+        b = k1[r] >> np.uint32(lo_bits)
+        p = count_hi[b]
+        order[p] = i1[r]
+        count_hi[b] = p + 1
+    return order
+
+
+def ray_order(box, origins, directions):
+    """The order to trace rays in: neighbours start close together and point alike.
+
+    Parameters
+    ----------
+    box : (2, 3) float32
+        The root box (unscaled).
+    origins, directions : (num_rays, 3) float32
+
+    Returns
+    -------
+    (num_rays,) int32 or None
+        ``order[r]`` is the ray traced ``r``-th. None when the rays keep their
+        order: fewer than :data:`SORT_MIN_RAYS`, or coherent already (most
+        neighbours share their cells and octant, as a camera's rays row by row
+        do).
+    """
+    n = origins.shape[0]
+    if n < SORT_MIN_RAYS:
+        return None
+    dbox = _direction_box(directions)
+    grid = np.empty((4, 3), np.float32)
+    for row, (lo, hi), bits in ((0, box, ORIGIN_BITS), (2, dbox, DIRECTION_BITS)):
+        grid[row] = lo
+        extent = np.maximum(hi.astype(np.float64) - lo, 1e-30)
+        grid[row + 1] = ((1 << bits) / extent).astype(np.float32)
+    if _coherent(origins, directions, grid, 256):
+        return None
+    keys = np.empty(n, np.uint32)
+    _ray_keys(origins, directions, grid, keys)
+    return _radix_order(keys, _KEY_BITS)

@@ -1,0 +1,161 @@
+"""Eight float32 lanes at once in numba: the vector type of the packet traversal.
+
+numba has no SIMD type; _Vec8 is one, an LLVM <8 x float> held in a
+register, and the intrinsics below compile each operation to one AVX
+instruction (vsubps, vmulps, vcmpps, ...), rounded as the scalar operation
+is (no fast-math flags: nothing is contracted into an FMA). Comparisons
+give the lanes' results as the bits of an int (bit l: lane l).
+"""
+
+from __future__ import annotations
+
+import numba
+from llvmlite import ir
+from numba.core import types
+from numba.extending import intrinsic, models, register_model
+
+LANES = 8
+_I32 = ir.IntType(32)
+_VEC = ir.VectorType(ir.FloatType(), LANES)
+
+
+class _Vec8(types.Type):
+    def __init__(self):
+        super().__init__(name="float32x8")
+
+
+_vec8 = _Vec8()
+
+
+@register_model(_Vec8)
+class _Vec8Model(models.PrimitiveModel):
+    def __init__(self, dmm, fe_type):
+        super().__init__(dmm, fe_type, _VEC)
+
+
+def _mask(builder, bits):
+    # the low 8 bits of an int64 as <8 x i1>
+    return builder.bitcast(builder.trunc(bits, ir.IntType(LANES)),
+                           ir.VectorType(ir.IntType(1), LANES))
+
+
+def _arith(op):
+    @intrinsic
+    def arith(typingctx, a, b):
+        if a != _vec8 or b != _vec8:
+            return None
+
+        def codegen(context, builder, signature, args):
+            return getattr(builder, op)(args[0], args[1])
+        return _vec8(_vec8, _vec8), codegen
+    return arith
+
+
+def _compare(op, ordered=True):
+    @intrinsic
+    def compare(typingctx, a, b):
+        if a != _vec8 or b != _vec8:
+            return None
+
+        def codegen(context, builder, signature, args):
+            cmp = builder.fcmp_ordered if ordered else builder.fcmp_unordered
+            bits = builder.bitcast(cmp(op, args[0], args[1]), ir.IntType(LANES))
+            return builder.zext(bits, ir.IntType(64))
+        return types.int64(_vec8, _vec8), codegen
+    return compare
+
+
+_vadd, _vsub, _vmul, _vdiv = (_arith(op) for op in ("fadd", "fsub", "fmul", "fdiv"))
+_vlt, _vgt, _vle, _vge, _veq = (_compare(op) for op in ("<", ">", "<=", ">=", "=="))
+_vne = _compare("!=", ordered=False)  # true for NaN, as Python's !=
+
+
+@intrinsic
+def _vsel(typingctx, bits, a, b):
+    """Lane l: a[l] where bit l of bits is set, else b[l]."""
+    if not isinstance(bits, types.Integer) or a != _vec8 or b != _vec8:
+        return None
+
+    def codegen(context, builder, signature, args):
+        bits64 = context.cast(builder, args[0], signature.args[0], types.int64)
+        return builder.select(_mask(builder, bits64), args[1], args[2])
+    return _vec8(bits, _vec8, _vec8), codegen
+
+
+@intrinsic
+def _vedge64(typingctx, a1, b1, a2, b2):
+    """float32(float64(a1) * b1 - float64(a2) * b2) per lane: exact products."""
+    if any(x != _vec8 for x in (a1, b1, a2, b2)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        vd = ir.VectorType(ir.DoubleType(), LANES)
+        x1, y1, x2, y2 = (builder.fpext(x, vd) for x in args)
+        return builder.fptrunc(builder.fsub(builder.fmul(x1, y1), builder.fmul(x2, y2)), _VEC)
+    return _vec8(_vec8, _vec8, _vec8, _vec8), codegen
+
+
+@intrinsic
+def _splat(typingctx, x):
+    """Every lane x (a float32)."""
+    if x != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        one = builder.insert_element(ir.Constant(_VEC, ir.Undefined), args[0],
+                                     ir.Constant(_I32, 0))
+        return builder.shuffle_vector(one, ir.Constant(_VEC, ir.Undefined),
+                                      ir.Constant(ir.VectorType(_I32, LANES), [0] * LANES))
+    return _vec8(x), codegen
+
+
+@intrinsic
+def _lane(typingctx, a, k):
+    """Lane k of a."""
+    if a != _vec8 or not isinstance(k, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        index = context.cast(builder, args[1], signature.args[1], types.int32)
+        return builder.extract_element(args[0], index)
+    return types.float32(_vec8, k), codegen
+
+
+@intrinsic
+def _vload(typingctx, arr, start):
+    """Lanes arr[start:start + 8] of a contiguous float32 array."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        index = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+        return builder.load(ptr, align=4)
+    return _vec8(arr, start), codegen
+
+
+@intrinsic
+def _vstore(typingctx, arr, start, a):
+    """arr[start:start + 8] = the lanes of a."""
+    if not isinstance(arr, types.Array) or arr.dtype != types.float32 or a != _vec8:
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        index = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [index]), _VEC.as_pointer())
+        builder.store(args[2], ptr, align=4)
+        return context.get_dummy_value()
+    return types.none(arr, start, _vec8), codegen
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _vmin(a, b):
+    # fminf(a, b) where only a may be NaN: b then (the GPU's fminf(ts, tf))
+    return _vsel(_vlt(a, b), a, b)
+
+
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _vmax(a, b):
+    return _vsel(_vgt(a, b), a, b)
