@@ -19,7 +19,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from ..mesh import degenerate_mask
+from ..mesh import degenerate_mask, triangle_bounds
 from .scale import trace_scale
 from .watertight import (_F32_INF, _F32_ONE, _F32_ZERO, _ray_extent, hit_triangle,
                          pack_triangles, setup_watertight)
@@ -53,6 +53,16 @@ def _ray_meets_box(ox, oy, oz, ix, iy, iz, lx, ly, lz, hx, hy, hz, pad, t_lo, t_
     return t0 <= t1
 
 
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _ray_meets_row(lo, hi, k, ox, oy, oz, ix, iy, iz, pad, dmax, tmin, limit):
+    # _ray_meets_box on box k of lo, hi, its segment [tmin, limit] grown by
+    # the padding seen along the ray and a relative margin
+    t_pad = pad / dmax + 1e-5 * (abs(np.float64(tmin)) + abs(limit))
+    return _ray_meets_box(ox, oy, oz, ix, iy, iz, np.float64(lo[k, 0]), np.float64(lo[k, 1]),
+                          np.float64(lo[k, 2]), np.float64(hi[k, 0]), np.float64(hi[k, 1]),
+                          np.float64(hi[k, 2]), pad, np.float64(tmin) - t_pad, limit + t_pad)
+
+
 @numba.njit(cache=True, error_model="numpy")
 def _brute_chunk(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, group_hi, box,
                  scale, origins, directions, ray_tmin, ray_tmax, any_hit, cull, begin, end,
@@ -84,22 +94,13 @@ def _brute_chunk(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo,
         done = False
         for g in range(group_lo.shape[0]):
             limit = np.float64(tmax if any_hit else best_t)
-            t_pad = pad / dmax + 1e-5 * (abs(np.float64(tmin)) + abs(limit))
-            if cull and not _ray_meets_box(
-                    ox, oy, oz, ix, iy, iz, np.float64(group_lo[g, 0]),
-                    np.float64(group_lo[g, 1]), np.float64(group_lo[g, 2]),
-                    np.float64(group_hi[g, 0]), np.float64(group_hi[g, 1]),
-                    np.float64(group_hi[g, 2]), pad, np.float64(tmin) - t_pad, limit + t_pad):
+            if cull and not _ray_meets_row(group_lo, group_hi, g, ox, oy, oz, ix, iy, iz, pad,
+                                           dmax, tmin, limit):
                 continue
             for c in range(g * GROUP_SIZE, min(num_clusters, (g + 1) * GROUP_SIZE)):
                 limit = np.float64(tmax if any_hit else best_t)
-                t_pad = pad / dmax + 1e-5 * (abs(np.float64(tmin)) + abs(limit))
-                if cull and not _ray_meets_box(
-                        ox, oy, oz, ix, iy, iz, np.float64(cluster_lo[c, 0]),
-                        np.float64(cluster_lo[c, 1]), np.float64(cluster_lo[c, 2]),
-                        np.float64(cluster_hi[c, 0]), np.float64(cluster_hi[c, 1]),
-                        np.float64(cluster_hi[c, 2]), pad, np.float64(tmin) - t_pad,
-                        limit + t_pad):
+                if cull and not _ray_meets_row(cluster_lo, cluster_hi, c, ox, oy, oz, ix, iy, iz,
+                                               pad, dmax, tmin, limit):
                     continue
                 for j in range(cluster_start[c], cluster_start[c + 1]):
                     hit, t, ev, ew, det = hit_triangle(
@@ -138,12 +139,7 @@ def _brute_rays(tris, tri_ids, cluster_start, cluster_lo, cluster_hi, group_lo, 
 
 
 def cluster_triangles(vertices, faces):
-    """Group the non-degenerate triangles into small clusters for the brute force.
-
-    Parameters
-    ----------
-    vertices : (num_vertices, 3) float32
-    faces : (num_triangles, 3) int32
+    """Group the non-degenerate triangles of a mesh (float32 vertices, int32 faces) in clusters.
 
     Returns
     -------
@@ -159,8 +155,7 @@ def cluster_triangles(vertices, faces):
         Union of all non-degenerate triangle boxes.
     """
     valid = np.flatnonzero(~degenerate_mask(vertices, faces)).astype(np.int32)
-    corners = vertices[faces[valid]]
-    tri_lo, tri_hi = corners.min(axis=1), corners.max(axis=1)
+    tri_lo, tri_hi = triangle_bounds(vertices, faces[valid])
     if valid.size == 0:
         empty = np.zeros((0, 3), np.float32)
         return (valid, np.zeros(1, np.int64), empty, empty, empty, empty,

@@ -427,27 +427,15 @@ def intersect_cpu(tree, origins, directions, tmin, tmax):
 
     Returns
     -------
-    t : (num_rays,) float32
-        ``inf`` on a miss.
-    tri : (num_rays,) int32
-        Triangle id, ``-1`` on a miss.
-    u, v : (num_rays,) float32
-        Barycentrics of ``v1`` and ``v2`` (0 on a miss).
+    t, tri, u, v : (num_rays,) arrays
+        As :func:`kdtree_gpu.trace.api.intersect`.
     """
     return _run_tree(tree, origins, directions, tmin, tmax, False)
 
 
 def occluded_cpu(tree, origins, directions, tmin, tmax):
-    """Whether each ray hits any triangle with ``tmin <= t <= tmax`` (kd-tree).
+    """Whether each ray hits a triangle with ``tmin <= t <= tmax``: (num_rays,) bool.
 
-    Parameters
-    ----------
-    tree : KdTree
-    origins, directions : (num_rays, 3) float32, C-contiguous
-    tmin, tmax : (num_rays,) float32
-
-    Returns
-    -------
-    (num_rays,) bool
+    Parameters as :func:`intersect_cpu`.
     """
     return _run_tree(tree, origins, directions, tmin, tmax, True)[1] > 0
