@@ -135,11 +135,7 @@ def make_events(tri_ids, box_lo, box_hi, axis, event_pos, event_kind, event_tri)
 def sort_events(event_pos, event_kind, event_tri):
     """Sort events in place by (position, kind, triangle) (rule R3).
 
-    Parameters
-    ----------
-    event_pos : (num_events,) float32
-    event_kind : (num_events,) int8
-    event_tri : (num_events,) int32
+    Same parameters as :func:`encode_event_keys`.
     """
     keys = np.sort(encode_event_keys(event_pos, event_kind, event_tri))
     decode_event_keys(keys, event_pos, event_kind, event_tri)

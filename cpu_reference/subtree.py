@@ -283,34 +283,32 @@ def build_subtree(vertices, faces, in_pos, in_kind, in_tri, in_start, in_count, 
             # --- perfect splits (Wald & Havran §4.3): clip straddling triangles
             a = best_axis
             both = both_tris[:num_both]
-            # left child first: its events stay where the node's were
-            for k in range(3):
-                child_lo[k] = node_lo[k]
-                child_hi[k] = node_hi[k]
-            child_hi[a] = best_pos
-            clip_straddling(vertices, faces, both, both_lo, both_hi, child_lo, child_hi,
-                            new_lo, new_hi)
-            for k in range(3):
-                m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
-                sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
-                merge_events_backward(pool_pos[k], pool_kind[k], pool_tri[k], seg_start[k],
-                                      kept_left[k], new_pos, new_kind, new_tri, m)
-                left_count[k] = kept_left[k] + m
+            # left child first: its events stay where the node's were; then the
             # right child: kept events in scratch, merged in after the left child
-            for k in range(3):
-                child_lo[k] = node_lo[k]
-                child_hi[k] = node_hi[k]
-            child_lo[a] = best_pos
-            clip_straddling(vertices, faces, both, both_lo, both_hi, child_lo, child_hi,
-                            new_lo, new_hi)
-            for k in range(3):
-                m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
-                sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
-                merge_events_into(pool_pos[k], pool_kind[k], pool_tri[k],
-                                  seg_start[k] + left_count[k],
-                                  scratch_pos[k], scratch_kind[k], scratch_tri[k], kept_right[k],
-                                  new_pos, new_kind, new_tri, m)
-                right_count[k] = kept_right[k] + m
+            for side in range(2):
+                for k in range(3):
+                    child_lo[k] = node_lo[k]
+                    child_hi[k] = node_hi[k]
+                if side == 0:
+                    child_hi[a] = best_pos
+                else:
+                    child_lo[a] = best_pos
+                clip_straddling(vertices, faces, both, both_lo, both_hi, child_lo, child_hi,
+                                new_lo, new_hi)
+                for k in range(3):
+                    m = make_events(both, new_lo, new_hi, k, new_pos, new_kind, new_tri)
+                    sort_events(new_pos[:m], new_kind[:m], new_tri[:m])
+                    if side == 0:
+                        merge_events_backward(pool_pos[k], pool_kind[k], pool_tri[k],
+                                              seg_start[k], kept_left[k],
+                                              new_pos, new_kind, new_tri, m)
+                        left_count[k] = kept_left[k] + m
+                    else:
+                        merge_events_into(pool_pos[k], pool_kind[k], pool_tri[k],
+                                          seg_start[k] + left_count[k],
+                                          scratch_pos[k], scratch_kind[k], scratch_tri[k],
+                                          kept_right[k], new_pos, new_kind, new_tri, m)
+                        right_count[k] = kept_right[k] + m
 
         # --- push left below right, so that the right child is on top of the pools
         for c in range(2):

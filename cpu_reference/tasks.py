@@ -300,11 +300,9 @@ def assemble(results: dict):
 
     Returns
     -------
-    node_axis : (num_nodes,) int8
-    node_split : (num_nodes,) float32
-    node_child : (num_nodes,) int32
-    node_count : (num_nodes,) int32
-    leaf_tris : (num_refs,) int32
+    tuple
+        ``(node_axis, node_split, node_child, node_count, leaf_tris)``, the
+        arrays of :class:`kdtree_gpu.tree.KdTree` (same names and dtypes).
     """
     if len(results) == 1:
         built = results[()]

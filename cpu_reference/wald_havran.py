@@ -214,11 +214,8 @@ def build_arrays(vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_
 
     Returns
     -------
-    node_axis : (num_nodes,) int8
-    node_split : (num_nodes,) float32
-    node_child : (num_nodes,) int32
-    node_count : (num_nodes,) int32
-    leaf_tris : (num_refs,) int32
+    tuple
+        The tree's arrays, as from :func:`.tasks.assemble`.
     """
     arrays, _ = _build_arrays(
         vertices, faces, tri_lo, tri_hi, valid, bounds, k_traversal, k_intersect, empty_bonus,
