@@ -1,4 +1,10 @@
-"""Helpers shared by the benchmark scripts."""
+"""Helpers shared by the benchmark scripts.
+
+Importing it puts the repository root first on ``sys.path``: a script run as
+``python benchmarks/<script>.py`` finds this module (its folder is on the
+path) and then imports ``kdtree_gpu`` and ``cpu_reference`` from the
+checkout, with no set-up of its own.
+"""
 
 from __future__ import annotations
 
@@ -6,9 +12,11 @@ import datetime
 import os
 import re
 import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
 
 def git_commit() -> str:
@@ -32,6 +40,16 @@ def git_commit() -> str:
 def utc_now() -> str:
     """The current UTC time, ISO 8601 to the second."""
     return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def busy_cpu_seconds():
+    """CPU seconds spent so far by the whole machine (all processes; None without /proc)."""
+    try:
+        values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + values[4]
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def gpu_time_per_call_ms(fn, calls, repeats, warmup):
@@ -108,6 +126,30 @@ def optix_table(peers_dir):
     return table
 
 
+def gpu_benchmark_parser(doc, meshes, repeats, warmup=None, mesh_dir=str(ROOT / ".meshes")):
+    """The options of the GPU benchmarks that read ``peer_bench``'s meshes and rays.
+
+    ``--meshes``, ``--mesh-dir`` (``$KDTREE_GPU_MESH_DIR``, else ``mesh_dir``),
+    ``--peers-dir``, ``--out``, ``--repeats``, ``--warmup`` (only when a
+    default is given), ``--width`` and ``--height``; the caller adds its own.
+    The description is the first line of ``doc``.
+    """
+    import argparse
+
+    parser = argparse.ArgumentParser(description=doc.split("\n")[0])
+    parser.add_argument("--meshes", nargs="+", default=meshes)
+    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", mesh_dir))
+    parser.add_argument("--peers-dir", default=str(ROOT / ".peers"),
+                        help="folder holding peer_bench.py")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
+    parser.add_argument("--repeats", type=int, default=repeats)
+    if warmup is not None:
+        parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--width", type=int, default=1920)
+    parser.add_argument("--height", type=int, default=1080)
+    return parser
+
+
 def start_gpu_benchmark(script, peers_dir):
     """What every GPU benchmark does first: require a GPU, import the peers' script.
 
@@ -171,3 +213,8 @@ def run_meshes(result, meshes, bench_one, markdown, out, stem):
 def md_row(*cells) -> str:
     """One Markdown table row from its cells (numbers formatted by the caller)."""
     return "| " + " | ".join(str(c) for c in cells) + " |"
+
+
+def md_head(*columns, left=("mesh",)) -> list:
+    """A Markdown table's header row and rule: the columns in ``left`` align left, others right."""
+    return [md_row(*columns), "|" + "".join("---|" if c in left else "---:|" for c in columns)]

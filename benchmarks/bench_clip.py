@@ -26,7 +26,6 @@ Writes ``clip_<gpu>.json`` and ``clip_<gpu>.md``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import statistics
 import sys
@@ -35,27 +34,16 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (gpu_slug, gpu_time_ms, md_row, run_meshes,  # noqa: E402
-                     start_gpu_benchmark)
+from _common import (gpu_benchmark_parser, gpu_slug, gpu_time_ms, md_head, md_row,
+                     run_meshes, start_gpu_benchmark)
 
 DEFAULT_MESHES = ["suzanne", "stanford_bunny", "happy_buddha_100k", "lucy_100k",
                   "stanford_dragon_res2", "stanford_armadillo", "sponza_dabrovic", "conference"]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--meshes", nargs="+", default=DEFAULT_MESHES)
-    p.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", ""))
-    p.add_argument("--peers-dir", default=str(ROOT / ".peers"))
-    p.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=2)
+    p = gpu_benchmark_parser(__doc__, DEFAULT_MESHES, repeats=5, warmup=2, mesh_dir="")
     p.add_argument("--cpu-repeats", type=int, default=3)
-    p.add_argument("--width", type=int, default=1920)
-    p.add_argument("--height", type=int, default=1080)
     p.add_argument("--no-rays", action="store_true", help="builds only")
     p.add_argument("--kernels", default="fused", choices=["fused", "stages", "xp"],
                    help="the GPU builder for both settings (kd.build's kernels)")
@@ -131,13 +119,13 @@ def markdown_table(result):
              "Bars: clipped GPU build <= 2x the plain one; >= 20x faster than the clipped "
              "CPU reference.",
              "",
-             "| mesh | tris | clip | GPU build ms | CPU ref ms | identical | nodes | refs/tri "
-             "| SAH cost | primary queued | primary single | diffuse queued | diffuse single "
-             "| nodes/ray (diffuse) | tris/ray (diffuse) |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
-    summary = ["", "| mesh | GPU clip / GPU plain (<= 2) | CPU clip / GPU clip (>= 20) "
-               "| SAH clip / plain | primary queued clip / plain | diffuse queued clip / plain |",
-               "|---|---:|---:|---:|---:|---:|"]
+             *md_head("mesh", "tris", "clip", "GPU build ms", "CPU ref ms", "identical",
+                      "nodes", "refs/tri", "SAH cost", "primary queued", "primary single",
+                      "diffuse queued", "diffuse single", "nodes/ray (diffuse)",
+                      "tris/ray (diffuse)", left=("mesh", "clip", "identical"))]
+    summary = ["", *md_head("mesh", "GPU clip / GPU plain (<= 2)", "CPU clip / GPU clip (>= 20)",
+                            "SAH clip / plain", "primary queued clip / plain",
+                            "diffuse queued clip / plain")]
     for r in result["meshes"]:
         if "error" in r:
             lines.append(f"| {r['mesh']} | ERROR: {r['error']} |")

@@ -33,7 +33,6 @@ Writes ``first_hit_<gpu>.json`` and ``first_hit_<gpu>.md``.
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import json
 import os
@@ -43,11 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (gpu_slug, gpu_time_per_call_ms, md_row, optix_table,  # noqa: E402
-                     run_meshes, start_gpu_benchmark)
+from _common import (gpu_benchmark_parser, gpu_slug, gpu_time_per_call_ms, md_head, md_row,
+                     optix_table, run_meshes, start_gpu_benchmark)
 
 DEFAULT_MESHES = ["stanford_bunny", "conference", "stanford_armadillo@sub1",
                   "stanford_armadillo@sub2"]
@@ -56,15 +52,7 @@ BARS_MS = {"stanford_bunny": 8.0, "conference": 16.0, "stanford_armadillo@sub1":
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR",
-                                                             str(ROOT / ".meshes")))
-    parser.add_argument("--peers-dir", default=str(ROOT / ".peers"))
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--meshes", nargs="+", default=DEFAULT_MESHES)
-    parser.add_argument("--repeats", type=int, default=7)
-    parser.add_argument("--width", type=int, default=1920)
-    parser.add_argument("--height", type=int, default=1080)
+    parser = gpu_benchmark_parser(__doc__, DEFAULT_MESHES, repeats=7)
     parser.add_argument("--memory-only", metavar="MESH",
                         help="(internal) print the pool bytes after one build of MESH")
     return parser.parse_args(argv)
@@ -174,10 +162,9 @@ def markdown(result):
              "launch on prepared arrays, CUDA events. Memory: CuPy pool total bytes right after "
              "the build in a fresh process. OptiX: PREFER_FAST_TRACE build + compaction + the "
              "same rays, same H200 (h200_optix.md).", "",
-             "| mesh | triangles | kd.build ms | first intersect ms | time to first hit ms | "
-             "bar ms | unchecked ms | later intersect ms | first/later | kernel alone ms | "
-             "OptiX ms | ours/OptiX | pool B/tri |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             *md_head("mesh", "triangles", "kd.build ms", "first intersect ms",
+                      "time to first hit ms", "bar ms", "unchecked ms", "later intersect ms",
+                      "first/later", "kernel alone ms", "OptiX ms", "ours/OptiX", "pool B/tri")]
     for r in result["meshes"]:
         if "error" in r:
             lines.append(f"| {r['spec']} | ERROR {r['error']} |")

@@ -37,7 +37,6 @@ Writes ``traversal_<gpu>.json`` and ``traversal_<gpu>.md`` under ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
@@ -45,11 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import (gpu_slug, gpu_time_ms, gpu_time_per_call_ms, md_row,  # noqa: E402
-                     optix_table, run_meshes, start_gpu_benchmark)
+from _common import (gpu_benchmark_parser, gpu_slug, gpu_time_ms, gpu_time_per_call_ms,
+                     md_row, optix_table, run_meshes, start_gpu_benchmark)
 
 DEFAULT_MESHES = ["stanford_bunny", "stanford_armadillo", "happy_buddha_100k", "conference",
                   "sponza_dabrovic"]
@@ -58,17 +54,7 @@ SHADOW_EPS = 1e-4  # tmin and 1 - tmax of shadow rays, fractions of the light di
 
 
 def parse_args(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR",
-                                                             str(ROOT / ".meshes")))
-    parser.add_argument("--peers-dir", default=str(ROOT / ".peers"),
-                        help="folder holding peer_bench.py")
-    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
-    parser.add_argument("--meshes", nargs="+", default=DEFAULT_MESHES)
-    parser.add_argument("--width", type=int, default=1920)
-    parser.add_argument("--height", type=int, default=1080)
-    parser.add_argument("--repeats", type=int, default=10)
-    parser.add_argument("--warmup", type=int, default=2)
+    parser = gpu_benchmark_parser(__doc__, DEFAULT_MESHES, repeats=10, warmup=2)
     parser.add_argument("--embree-repeats", type=int, default=3)
     parser.add_argument("--no-peers", action="store_true", help="time our traversal only")
     parser.add_argument("--builder", choices=["gpu", "cpu"], default="gpu",

@@ -60,7 +60,7 @@ import numba  # noqa: E402
 import cpu_reference  # noqa: E402
 from cpu_reference.wald_havran import resolve_threads  # noqa: E402
 from kdtree_gpu import SAHConfig  # noqa: E402
-from _common import git_commit  # noqa: E402
+from _common import busy_cpu_seconds, git_commit  # noqa: E402
 
 DEFAULT_MESHES = ["suzanne", "stanford_bunny", "conference", "stanford_armadillo"]
 SUBDIVIDED = "stanford_armadillo_subdiv4x"
@@ -171,16 +171,6 @@ def wait_until_idle(max_wait, threshold=0.9):
     while idle is not None and idle < threshold and time.monotonic() < deadline:
         idle = idle_fraction()
     return idle
-
-
-def busy_cpu_seconds():
-    """CPU seconds spent so far by the whole machine (all processes; None without /proc)."""
-    try:
-        values = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    idle = values[3] + values[4]
-    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def timed(fn):
