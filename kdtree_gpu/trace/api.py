@@ -21,7 +21,10 @@ On the GPU the work is queued on the caller's stream (CuPy's current
 stream, or the current stream of the PyTorch tensors' device) and the rays
 are checked inside the traversal kernel: with ``check=True`` one small read
 after the launch raises ``ValueError`` naming the first bad ray; with
-``check=False`` nothing waits for the GPU and a bad ray is a miss.
+``check=False`` nothing waits for the GPU and a bad ray is a miss. The CPU
+traversal checks the rays as it loads them too (no pass of its own, no
+copy): ``check=True`` raises the same error after it, ``check=False`` leaves
+bad rays as misses.
 
 Ray conventions (hits with ``tmin <= t <= tmax``, two-sided triangles,
 barycentrics ``u`` of ``v1`` and ``v`` of ``v2``) are described in
@@ -207,25 +210,14 @@ def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):
     O, D = _ray_arrays(np, origins, directions)
     n = O.shape[0]
     t0, t1 = (_interval(np, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
-    problem = ray_problems(O, D, t0, t1)
-    bad = np.flatnonzero(problem)
-    if bad.size and check:
-        i = int(bad[0])
-        raise ValueError(bad_ray_message(i, int(problem[i]), int(bad.size), O, D, t0, t1))
-    t0 = np.full(n, t0, np.float32) if isinstance(t0, float) else t0
-    t1 = np.full(n, t1, np.float32) if isinstance(t1, float) else t1
-    good = slice(None) if not bad.size else np.flatnonzero(problem == 0)
-    if any_hit:
-        hit = np.zeros(n, dtype=bool)
-        hit[good] = occluded_cpu(tree, O[good], D[good], t0[good], t1[good])
-        return (hit,)
-    t = np.full(n, np.inf, np.float32)
-    tri = np.full(n, enc.NO_HIT, np.int32)
-    u = np.zeros(n, np.float32)
-    v = np.zeros(n, np.float32)
-    t[good], tri[good], u[good], v[good] = intersect_cpu(tree, O[good], D[good], t0[good],
-                                                         t1[good])
-    return t, tri, u, v
+    # the rays are checked inside the traversal, bad ones are misses
+    status = np.empty(2, np.int64)
+    results = (occluded_cpu if any_hit else intersect_cpu)(tree, O, D, t0, t1, status=status)
+    count, first = int(status[0]), int(status[1])
+    if count and check:
+        index, kind = first >> enc.RAY_KIND_BITS, first & ((1 << enc.RAY_KIND_BITS) - 1)
+        raise ValueError(bad_ray_message(index, kind, count, O, D, t0, t1))
+    return (results,) if any_hit else results
 
 
 def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check):

@@ -70,13 +70,44 @@ _PACK_SHIFT = np.int32(enc.PACK_SHIFT)
 _AXIS_LEAF = np.int32(enc.AXIS_LEAF)
 
 
+# --- the checks of a ray ---------------------------------------------------------
+@numba.njit(cache=True, error_model="numpy")
+def _ray_problem(o0, o1, o2, d0, d1, d2, t0, t1):
+    # the earliest failing check wins, in the order of kd_ray_problem
+    if not (np.isfinite(o0) and np.isfinite(o1) and np.isfinite(o2)):
+        return enc.RAY_BAD_ORIGIN
+    if not (np.isfinite(d0) and np.isfinite(d1) and np.isfinite(d2)):
+        return enc.RAY_BAD_DIRECTION
+    if d0 == _F32_ZERO and d1 == _F32_ZERO and d2 == _F32_ZERO:
+        return enc.RAY_ZERO_DIRECTION
+    if np.isnan(t0):
+        return enc.RAY_NAN_TMIN
+    if np.isnan(t1):
+        return enc.RAY_NAN_TMAX
+    if t0 > t1:
+        return enc.RAY_EMPTY_INTERVAL
+    return 0
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _ray_problems(origins, directions, tmin, tmax, problem):
+    scalar_t0, scalar_t1 = tmin.shape[0] == 1, tmax.shape[0] == 1
+    for i in range(origins.shape[0]):
+        problem[i] = _ray_problem(origins[i, 0], origins[i, 1], origins[i, 2], directions[i, 0],
+                                  directions[i, 1], directions[i, 2],
+                                  tmin[0] if scalar_t0 else tmin[i],
+                                  tmax[0] if scalar_t1 else tmax[i])
+
+
 # --- kd-tree traversal, a packet of rays at a time ------------------------------
 @numba.njit(cache=True, error_model="numpy")
 def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
                    ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v,
                    order):
-    # Rays order[begin:end] in packets of up to LANES (module docstring). For
-    # any hit, hit_tri is 1 or -1.
+    # Rays order[begin:end] (begin..end-1 for an empty order) in packets of up to LANES (module docstring). For
+    # any hit, hit_tri is 1 or -1. ray_tmin, ray_tmax: one value per ray, or
+    # one for all. Bad rays (_ray_problem) are misses; returns their count
+    # and the least (index << RAY_KIND_BITS) | problem among them (-1: none).
     f32 = np.float32
     P = LANES
     # the packet's lanes, written ray by ray, then read as vectors
@@ -92,6 +123,10 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
     zero8 = _splat(_F32_ZERO)
     inf8 = _splat(_F32_INF)
     minus_inf8 = _splat(-_F32_INF)
+    scalar_t0, scalar_t1 = ray_tmin.shape[0] == 1, ray_tmax.shape[0] == 1
+    sorted_rays = order.shape[0] > 0
+    bad_count = 0
+    bad_first = -1
     r = begin
     while r < end:
         # Gather up to LANES rays (in order) that reach the root box and share
@@ -102,15 +137,13 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
         pk_kx = pk_ky = pk_kz = 0
         lane[:, :] = _F32_ZERO
         while r < end and nl < P:
-            i = order[r]
-            ox = origins[i, 0] * scale
-            oy = origins[i, 1] * scale
-            oz = origins[i, 2] * scale
-            dx = directions[i, 0] * scale
-            dy = directions[i, 1] * scale
-            dz = directions[i, 2] * scale
-            tmin = ray_tmin[i]
-            tmax = ray_tmax[i]
+            i = order[r] if sorted_rays else r
+            o0, o1, o2 = origins[i, 0], origins[i, 1], origins[i, 2]
+            d0, d1, d2 = directions[i, 0], directions[i, 1], directions[i, 2]
+            ox, oy, oz = o0 * scale, o1 * scale, o2 * scale
+            dx, dy, dz = d0 * scale, d1 * scale, d2 * scale
+            tmin = ray_tmin[0] if scalar_t0 else ray_tmin[i]
+            tmax = ray_tmax[0] if scalar_t1 else ray_tmax[i]
             kx, ky, kz, sx, sy, sz = setup_watertight(dx, dy, dz)
             neg_mask = (1 if np.signbit(dx) else 0) | (2 if np.signbit(dy) else 0) | \
                 (4 if np.signbit(dz) else 0)
@@ -121,7 +154,15 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
             hit_u[i] = _F32_ZERO
             hit_v[i] = _F32_ZERO
             r += 1
-            if abs(sz) == _F32_INF or not (tmin <= tmax):
+            if not (abs(o0) < _F32_INF and abs(o1) < _F32_INF and abs(o2) < _F32_INF and
+                    abs(d0) < _F32_INF and abs(d1) < _F32_INF and abs(d2) < _F32_INF and
+                    tmin <= tmax) or (d0 == _F32_ZERO and d1 == _F32_ZERO and d2 == _F32_ZERO):
+                record = (np.int64(i) << enc.RAY_KIND_BITS) | \
+                    _ray_problem(o0, o1, o2, d0, d1, d2, tmin, tmax)
+                bad_first = record if bad_count == 0 else min(bad_first, record)
+                bad_count += 1
+                continue
+            if abs(sz) == _F32_INF:
                 continue
             ix = _F32_ONE / dx
             iy = _F32_ONE / dy
@@ -278,17 +319,20 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                     hit_t[i] = _lane(best_t, l)
                     hit_u[i] = _lane(best_v, l) / _lane(best_det, l)
                     hit_v[i] = _lane(best_w, l) / _lane(best_det, l)
+    return bad_count, bad_first
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v, order):
+                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v, order, bad):
+    # bad[c]: the bad rays of chunk c (count, first record)
     num_rays = origins.shape[0]
     num_chunks = (num_rays + RAY_CHUNK - 1) // RAY_CHUNK
     for c in numba.prange(num_chunks):
-        _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                       ray_tmax, any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK),
-                       stack_size, hit_t, hit_tri, hit_u, hit_v, order)
+        bad[c, 0], bad[c, 1] = _trace_packets(
+            nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin, ray_tmax,
+            any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK), stack_size, hit_t,
+            hit_tri, hit_u, hit_v, order)
 
 
 # --- the tree as the CPU reads it -------------------------------------------------
@@ -347,49 +391,38 @@ def cpu_layout(tree) -> CpuLayout:
     return layout
 
 
-def _run_tree(tree, origins, directions, tmin, tmax, any_hit):
+def _bound(value):
+    """A ray interval bound as the kernel reads it: one float32 for all rays, or one per ray."""
+    if isinstance(value, np.ndarray) and value.dtype == np.float32 and value.ndim == 1 and \
+            value.flags.c_contiguous:
+        return value
+    return np.ascontiguousarray(np.asarray(value, np.float32).reshape(-1))
+
+
+def _run_tree(tree, origins, directions, tmin, tmax, any_hit, status):
     num_rays = origins.shape[0]
     hit_t = np.empty(num_rays, np.float32)
     hit_tri = np.empty(num_rays, np.int32)
     hit_u = np.empty(num_rays, np.float32)
     hit_v = np.empty(num_rays, np.float32)
+    if status is not None:
+        status[:] = (0, -1)
     if not num_rays:
         return hit_t, hit_tri, hit_u, hit_v
     lay = cpu_layout(tree)
     order = ray_order(lay.bounds, origins, directions)
     if order is None:
-        order = np.arange(num_rays, dtype=np.int32)
+        order = np.empty(0, np.int32)  # the rays as given
+    bad = np.empty(((num_rays + RAY_CHUNK - 1) // RAY_CHUNK, 2), np.int64)
     # chunks go to whichever core is free (the rays of a frame differ in cost)
     with numba.parallel_chunksize(1):
         _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
-                    directions, tmin, tmax, any_hit, lay.stack_size, hit_t, hit_tri, hit_u,
-                    hit_v, order)
+                    directions, _bound(tmin), _bound(tmax), any_hit, lay.stack_size, hit_t,
+                    hit_tri, hit_u, hit_v, order, bad)
+    if status is not None:
+        count = int(bad[:, 0].sum())
+        status[:] = (count, bad[bad[:, 0] > 0, 1].min() if count else -1)
     return hit_t, hit_tri, hit_u, hit_v
-
-
-@numba.njit(cache=True, error_model="numpy")
-def _ray_problems(origins, directions, tmin, tmax, problem):
-    scalar_t0, scalar_t1 = tmin.shape[0] == 1, tmax.shape[0] == 1
-    for i in range(origins.shape[0]):
-        o0, o1, o2 = origins[i, 0], origins[i, 1], origins[i, 2]
-        d0, d1, d2 = directions[i, 0], directions[i, 1], directions[i, 2]
-        t0 = tmin[0] if scalar_t0 else tmin[i]
-        t1 = tmax[0] if scalar_t1 else tmax[i]
-        # the earliest failing check wins, in the order of kd_ray_problem
-        if not (np.isfinite(o0) and np.isfinite(o1) and np.isfinite(o2)):
-            problem[i] = enc.RAY_BAD_ORIGIN
-        elif not (np.isfinite(d0) and np.isfinite(d1) and np.isfinite(d2)):
-            problem[i] = enc.RAY_BAD_DIRECTION
-        elif d0 == _F32_ZERO and d1 == _F32_ZERO and d2 == _F32_ZERO:
-            problem[i] = enc.RAY_ZERO_DIRECTION
-        elif np.isnan(t0):
-            problem[i] = enc.RAY_NAN_TMIN
-        elif np.isnan(t1):
-            problem[i] = enc.RAY_NAN_TMAX
-        elif t0 > t1:
-            problem[i] = enc.RAY_EMPTY_INTERVAL
-        else:
-            problem[i] = 0
 
 
 def ray_problems_cpu(origins, directions, tmin, tmax):
@@ -416,26 +449,30 @@ def ray_problems_cpu(origins, directions, tmin, tmax):
     return problem
 
 
-def intersect_cpu(tree, origins, directions, tmin, tmax):
+def intersect_cpu(tree, origins, directions, tmin, tmax, status=None):
     """Closest hit of each ray by kd-tree traversal (numba, all CPU cores).
 
     Parameters
     ----------
     tree : KdTree
     origins, directions : (num_rays, 3) float32, C-contiguous
-    tmin, tmax : (num_rays,) float32
+    tmin, tmax : float or (num_rays,) float32
+    status : (2,) int64 array, optional
+        Receives the bad rays' record (they are misses): their count and
+        ``(index << encoding.RAY_KIND_BITS) | problem`` of the first one
+        (``-1`` when there is none), the problem as :func:`ray_problems_cpu`.
 
     Returns
     -------
     t, tri, u, v : (num_rays,) arrays
         As :func:`kdtree_gpu.trace.api.intersect`.
     """
-    return _run_tree(tree, origins, directions, tmin, tmax, False)
+    return _run_tree(tree, origins, directions, tmin, tmax, False, status)
 
 
-def occluded_cpu(tree, origins, directions, tmin, tmax):
+def occluded_cpu(tree, origins, directions, tmin, tmax, status=None):
     """Whether each ray hits a triangle with ``tmin <= t <= tmax``: (num_rays,) bool.
 
     Parameters as :func:`intersect_cpu`.
     """
-    return _run_tree(tree, origins, directions, tmin, tmax, True)[1] > 0
+    return _run_tree(tree, origins, directions, tmin, tmax, True, status)[1] > 0

@@ -112,3 +112,47 @@ def test_compiled_ray_checks_equal_the_numpy_ones(rng, intervals):
     expected = ray_problems(O, D, t0, t1)
     assert len(np.unique(expected)) >= (4 if intervals == "scalar" else 7)
     np.testing.assert_array_equal(cpu.ray_problems_cpu(O, D, t0, t1), expected)
+
+
+@pytest.mark.parametrize("any_hit", [False, True])
+def test_bad_rays_are_counted_in_the_traversal(make_tree, rng, any_hit):
+    # the public call checks the rays inside the traversal: bad rays are
+    # misses, the error names the first and counts them as the NumPy checks
+    import re
+
+    from kdtree_gpu.trace.api import bad_ray_message, ray_problems
+
+    tree = torus_tree(make_tree)
+    O, D, t0, t1 = testing.random_rays(tree.bounds, 30_000, rng, unit=False, intervals=0.3)
+    bad = rng.choice(len(O), 300, replace=False)
+    for k, i in enumerate(bad):
+        which = k % 6
+        if which == 0:
+            O[i, k % 3] = np.nan
+        elif which == 1:
+            D[i, k % 3] = -np.inf
+        elif which == 2:
+            D[i] = 0.0
+        elif which == 3:
+            t0[i] = np.nan
+        elif which == 4:
+            t1[i] = np.nan
+        else:
+            t0[i], t1[i] = 2.0, 1.0
+    query = tree.occluded if any_hit else tree.intersect
+    result = query(O, D, t0, t1, check=False)
+    result = (result,) if any_hit else result
+    good = np.ones(len(O), bool)
+    good[bad] = False
+    expected = trace(tree, O[good], D[good], t0[good], t1[good], any_hit)
+    assert_identical(tuple(a[good] for a in result), expected)
+    if any_hit:
+        assert not result[0][bad].any()
+    else:
+        assert (result[1][bad] == -1).all() and np.isinf(result[0][bad]).all()
+        assert (result[2][bad] == 0).all() and (result[3][bad] == 0).all()
+    problem = ray_problems(O, D, t0, t1)
+    first = int(np.flatnonzero(problem)[0])
+    message = bad_ray_message(first, int(problem[first]), 300, O, D, t0, t1)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        query(O, D, t0, t1)
