@@ -113,6 +113,15 @@ MAX_TRIANGLES = (1 << KEY_REF_BITS) - 1
 # --- perfect splits (clip=True) -------------------------------------------------
 # A triangle clipped to a box by six half-spaces keeps at most 3 + 6 vertices.
 CLIP_MAX_POLY = 9
+# The clipped copies' new events are sorted by one 64-bit key: segment
+# (above CLIP_SEG_SHIFT) | ordered position bits (32) << CLIP_NEW_POS_SHIFT |
+# kind; within a segment the merge orders events by position bits (32) <<
+# CLIP_POS_SHIFT | kind << CLIP_KIND_SHIFT | the reference's index within its
+# node (below 2**CLIP_KIND_SHIFT, since KEY_REF_BITS < CLIP_KIND_SHIFT).
+CLIP_SEG_SHIFT = 34
+CLIP_NEW_POS_SHIFT = 2
+CLIP_POS_SHIFT = 32
+CLIP_KIND_SHIFT = 30
 
 # --- float64 bit patterns of split costs --------------------------------------
 # Costs are >= 0 or +inf, so their IEEE bits order like the values and an

@@ -12,8 +12,7 @@ kernels       device   what runs
 "fused"       cuda     the CUDA drivers (:mod:`.gpu`): levels in the level-loop
                        kernel, large ones one launch per stage (the default);
                        with ``clip=True`` every level one launch per stage
-                       (``cuda/clip.cu``), not yet the default for it: with
-                       ``clip=True`` a GPU build runs "xp"
+                       (the kernels of ``cuda/clip.cu``)
 "stages"      cuda     the CUDA drivers, every level one launch per stage
 ============  =======  ==========================================================
 
@@ -79,8 +78,8 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
         Record a per-stage time table in ``tree.build_info["profile"]`` and
         ``["profile_table"]`` (level builders).
     kernels : str, optional
-        Which builder runs (module docstring); default ``"fused"`` on a GPU
-        (``"xp"`` with ``config.clip``), ``"reference"`` on the CPU.
+        Which builder runs (module docstring); default ``"fused"`` on a GPU,
+        ``"reference"`` on the CPU.
     settings : GpuSettings, optional
         How the GPU drivers run their levels (tests use it to reach every
         path); the default is what the measurements chose.
@@ -110,7 +109,7 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
     vertices, faces = _as_mesh_arrays(vertices, faces)
     dev = _build_device(device, vertices, faces)
     if kernels is None:
-        kernels = ("xp" if cfg.clip else "fused") if dev.is_cuda else "reference"
+        kernels = "fused" if dev.is_cuda else "reference"
     if kernels not in KERNEL_CHOICES:
         raise ValueError(f"kernels must be one of {KERNEL_CHOICES}, got {kernels!r}")
     if kernels not in _KERNELS_ON[dev.kind]:

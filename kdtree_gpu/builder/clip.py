@@ -33,10 +33,6 @@ from .soa import EventSoA
 
 MAX_POLY = enc.CLIP_MAX_POLY
 
-# Order of events within a segment as one 64-bit key: position bits, kind,
-# the reference's index within its node (fewer than 2**KEY_REF_BITS).
-_KIND_SHIFT = 30
-_POS_SHIFT = 32
 
 
 def reference_boxes(xp, events, num_refs, num_nodes):
@@ -161,8 +157,8 @@ def clip_child_boxes(xp, v0, v1, v2, prev_lo, prev_hi, child_lo, child_hi):
 
 def _segment_key(xp, pos, kind, ref_local):
     """Events' order within a segment (position, kind, reference) as uint64."""
-    return ((float_to_ordered_uint(pos).astype(np.uint64) << np.uint64(_POS_SHIFT))
-            | (kind.astype(np.uint64) << np.uint64(_KIND_SHIFT))
+    return ((float_to_ordered_uint(pos).astype(np.uint64) << np.uint64(enc.CLIP_POS_SHIFT))
+            | (kind.astype(np.uint64) << np.uint64(enc.CLIP_KIND_SHIFT))
             | ref_local.astype(np.uint64))
 
 
@@ -198,8 +194,8 @@ def make_clipped_events(xp, box_lo, box_hi, copy_ref, copy_seg):
     pos, kind, ref, seg = (xp.concatenate(a) for a in (pos, kind, ref, seg))
     # Segment, position and kind in one key; a stable sort keeps equal keys in
     # reference order, as the parts above list every (axis, kind) in copy order.
-    key = ((seg.astype(np.uint64) << np.uint64(34))
-           | (float_to_ordered_uint(pos).astype(np.uint64) << np.uint64(2))
+    key = ((seg.astype(np.uint64) << np.uint64(enc.CLIP_SEG_SHIFT))
+           | (float_to_ordered_uint(pos).astype(np.uint64) << np.uint64(enc.CLIP_NEW_POS_SHIFT))
            | kind.astype(np.uint64))
     _, order = radix_sort(key, xp.arange(key.shape[0], dtype=np.int64))
     return EventSoA(event_pos=pos[order], event_kind=kind[order],

@@ -180,3 +180,179 @@ extern "C" __global__ void kd_clip_copies(const float* __restrict__ vertices,
         copy_seg[k * num_copies + c] =
             kd_child_group(k * num_nodes + node, num_nodes, split_leaf_ex, num_split) + side;
 }
+
+// --- the copies' events, sorted and merged into the kept ones ------------------
+// The CUDA form of kdtree_gpu.builder.clip.make_clipped_events and
+// merge_events: one key per event slot, one sort, then every event written
+// straight to its place in the merged list (no per-kind passes, no counts
+// read back but the number of new events).
+//
+// Slot (2 k + j) * num_copies + c holds copy c's event on axis k: j = 0 its
+// END (or PLANAR when its box is flat there), j = 1 its START (none when
+// flat: the slot's key is ~0 and sorts last). Equal keys are then in the
+// order the twin lists them (axis, kind, copy), so a stable sort agrees.
+
+// The event of slot `slot` (the slot must hold one).
+__device__ __forceinline__ void kd_clip_slot_event(long long slot, long long num_copies,
+                                                   const float* copy_lo, const float* copy_hi,
+                                                   float* pos, int* kind, long long* copy)
+{
+    long long kj = slot / num_copies;
+    long long c = slot - kj * num_copies;
+    int k = (int)(kj >> 1);
+    float lo = copy_lo[3 * c + k], hi = copy_hi[3 * c + k];
+    if (kj & 1) {
+        *kind = KD_EVENT_START;
+        *pos = lo;
+    } else {
+        *kind = lo == hi ? KD_EVENT_PLANAR : KD_EVENT_END;
+        *pos = lo == hi ? lo : hi;
+    }
+    *copy = c;
+}
+
+// Order within a segment: position, kind, the reference's index in its node.
+__device__ __forceinline__ unsigned long long kd_clip_local_key(float pos, int kind, long long ref,
+                                                                int seg, long long num_children,
+                                                                const long long* child_ref_offset)
+{
+    long long ref_local = ref - child_ref_offset[seg % num_children];
+    return ((unsigned long long)kd_ordered_bits32(pos) << KD_CLIP_POS_SHIFT) |
+           ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref_local;
+}
+
+// 3 * num_copies threads, one per (axis, copy): the sort keys of its two
+// slots; counts the flat (PLANAR) ones, whose second slot stays empty.
+extern "C" __global__ void kd_clip_event_keys(const float* __restrict__ copy_lo,
+                                              const float* __restrict__ copy_hi,
+                                              const long long* __restrict__ copy_seg,
+                                              long long num_copies,
+                                              unsigned long long* __restrict__ keys,
+                                              unsigned long long* __restrict__ num_planar)
+{
+    long long i = kd_tid();
+    if (i >= 3 * num_copies) return;
+    int k = (int)(i / num_copies);
+    long long c = i - k * num_copies;
+    float lo = copy_lo[3 * c + k], hi = copy_hi[3 * c + k];
+    unsigned long long base = (unsigned long long)copy_seg[i] << KD_CLIP_SEG_SHIFT;
+    long long first = 2 * k * num_copies + c;
+    if (lo == hi) {
+        keys[first] = base | ((unsigned long long)kd_ordered_bits32(lo) << KD_CLIP_NEW_POS_SHIFT) |
+                      KD_EVENT_PLANAR;
+        keys[first + num_copies] = ~0ull;
+        atomicAdd(num_planar, 1ull);
+    } else {
+        keys[first] = base | ((unsigned long long)kd_ordered_bits32(hi) << KD_CLIP_NEW_POS_SHIFT) |
+                      KD_EVENT_END;
+        keys[first + num_copies] =
+            base | ((unsigned long long)kd_ordered_bits32(lo) << KD_CLIP_NEW_POS_SHIFT) |
+            KD_EVENT_START;
+    }
+}
+
+// The kept events' keys within their segments.
+extern "C" __global__ void kd_clip_kept_keys(const float* __restrict__ event_pos,
+                                             const signed char* __restrict__ event_kind,
+                                             const int* __restrict__ event_ref,
+                                             const int* __restrict__ event_seg,
+                                             long long num_events, long long num_children,
+                                             const long long* __restrict__ child_ref_offset,
+                                             unsigned long long* __restrict__ key)
+{
+    long long e = kd_tid();
+    if (e >= num_events) return;
+    key[e] = kd_clip_local_key(event_pos[e], event_kind[e], event_ref[e], event_seg[e],
+                               num_children, child_ref_offset);
+}
+
+// num_new threads, new event r in sorted order: its place among the kept
+// events of its segment (a binary search on their keys), written at that
+// place plus r (the new events before it) in the merged list.
+extern "C" __global__ void kd_clip_place_new(const unsigned long long* __restrict__ sorted_slot,
+                                             long long num_new, long long num_copies,
+                                             const float* __restrict__ copy_lo,
+                                             const float* __restrict__ copy_hi,
+                                             const long long* __restrict__ copy_ref,
+                                             const long long* __restrict__ copy_seg,
+                                             const unsigned long long* __restrict__ kept_key,
+                                             const long long* __restrict__ kept_offset,
+                                             long long num_children,
+                                             const long long* __restrict__ child_ref_offset,
+                                             long long* __restrict__ place,
+                                             float* __restrict__ out_pos,
+                                             signed char* __restrict__ out_kind,
+                                             int* __restrict__ out_ref,
+                                             int* __restrict__ out_seg)
+{
+    long long r = kd_tid();
+    if (r >= num_new) return;
+    long long slot = (long long)sorted_slot[r];
+    float pos;
+    int kind;
+    long long c;
+    kd_clip_slot_event(slot, num_copies, copy_lo, copy_hi, &pos, &kind, &c);
+    int k = (int)(slot / num_copies) >> 1;
+    int seg = (int)copy_seg[k * num_copies + c];
+    long long ref = copy_ref[c];
+    unsigned long long key = kd_clip_local_key(pos, kind, ref, seg, num_children,
+                                               child_ref_offset);
+    long long lo = kept_offset[seg], hi = kept_offset[seg + 1];
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (kept_key[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    place[r] = lo;
+    long long dst = lo + r;
+    out_pos[dst] = pos;
+    out_kind[dst] = (signed char)kind;
+    out_ref[dst] = (int)ref;
+    out_seg[dst] = seg;
+}
+
+// max(num_kept, num_segments + 1) threads: kept event e goes after the new
+// events placed at or before it (place ascends with r); segment s of the
+// merged list starts after the kept and new events of the segments before it
+// (sorted_key's segment bits ascend).
+extern "C" __global__ void kd_clip_place_kept(const float* __restrict__ event_pos,
+                                              const signed char* __restrict__ event_kind,
+                                              const int* __restrict__ event_ref,
+                                              const int* __restrict__ event_seg,
+                                              long long num_kept,
+                                              const long long* __restrict__ place,
+                                              const unsigned long long* __restrict__ sorted_key,
+                                              long long num_new,
+                                              const long long* __restrict__ kept_offset,
+                                              long long num_segments,
+                                              float* __restrict__ out_pos,
+                                              signed char* __restrict__ out_kind,
+                                              int* __restrict__ out_ref,
+                                              int* __restrict__ out_seg,
+                                              long long* __restrict__ out_offset)
+{
+    long long e = kd_tid();
+    if (e < num_kept) {
+        long long lo = 0, hi = num_new;  // upper bound of e in place
+        while (lo < hi) {
+            long long mid = lo + (hi - lo) / 2;
+            if (place[mid] <= e) lo = mid + 1;
+            else hi = mid;
+        }
+        long long dst = e + lo;
+        out_pos[dst] = event_pos[e];
+        out_kind[dst] = event_kind[e];
+        out_ref[dst] = event_ref[e];
+        out_seg[dst] = event_seg[e];
+    }
+    if (e <= num_segments) {
+        unsigned long long first = (unsigned long long)e << KD_CLIP_SEG_SHIFT;
+        long long lo = 0, hi = num_new;  // lower bound of segment e in sorted_key
+        while (lo < hi) {
+            long long mid = lo + (hi - lo) / 2;
+            if (sorted_key[mid] < first) lo = mid + 1;
+            else hi = mid;
+        }
+        out_offset[e] = kept_offset[e] + lo;
+    }
+}

@@ -10,7 +10,7 @@ and compare their outputs); :func:`build_level_stages` runs them in order.
 Levels below ``GpuSettings.small_level`` run the block-wide variants
 (``kd_small_*``: one launch for the stages between two grid-wide
 dependencies). Perfect splits (``SAHConfig(clip=True)``) run here only: the
-kernels of ``cuda/clip.cu`` plus the event merge of :mod:`..clip` on CuPy.
+kernels of ``cuda/clip.cu`` (twins of :mod:`..clip`).
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import compact_indices, inclusive_scan, inclusive_scan_pair
-from ..clip import make_clipped_events, merge_events
+from ...primitives import compact_indices, inclusive_scan, inclusive_scan_pair, radix_sort
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
 
 _SOURCE = "build.cu"
@@ -31,6 +30,10 @@ i64, f64 = np.int64, np.float64
 
 def _kernel(name):
     return get_function(_SOURCE, name)
+
+
+def _clip_kernel(name):
+    return get_function(_CLIP_SOURCE, name)
 
 
 def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
@@ -116,7 +119,7 @@ def reference_boxes_gpu(cp, events, num_refs, num_nodes):
     """
     ref_lo = cp.empty((num_refs, 3), dtype=np.float32)
     ref_hi = cp.empty((num_refs, 3), dtype=np.float32)
-    launch("classify_triangles: reference boxes", get_function(_CLIP_SOURCE, "kd_reference_boxes"),
+    launch("classify_triangles: reference boxes", _clip_kernel("kd_reference_boxes"),
            events.size, (*events.args(), i64(events.size), i64(num_nodes), ref_lo, ref_hi))
     return ref_lo, ref_hi
 
@@ -237,9 +240,12 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     """Perfect splits: the straddling references' new events merged into the
     kept ones (:func:`kdtree_gpu.builder.clip.clip_straddling` on the GPU).
 
-    The boxes come from ``kd_clip_copies`` (one thread per copy, the
-    reference's arithmetic); events and merge are the twin's functions on
-    CuPy. Reads the number of straddling references (a synchronization).
+    One thread per copy clips it (``kd_clip_copies``, the reference's
+    arithmetic); one key per event slot and one sort order the new events
+    (``kd_clip_event_keys``); every event is then written at its place in
+    the merged list (``kd_clip_place_new``, ``kd_clip_place_kept``): the
+    twin's events and merge, fused. Reads the number of straddling
+    references and of new events (two synchronizations).
 
     Returns
     -------
@@ -255,15 +261,34 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     copy_hi = cp.empty((num_copies, 3), dtype=np.float32)
     copy_ref = cp.empty(num_copies, dtype=np.int64)
     copy_seg = cp.empty((3, num_copies), dtype=np.int64)
-    launch("clip_straddling: clip", get_function(_CLIP_SOURCE, "kd_clip_copies"), num_copies,
+    launch("clip_straddling: clip", _clip_kernel("kd_clip_copies"), num_copies,
            (*mesh, *refs.args(), ref_lo, ref_hi, both, i64(num_both), ref_lr_ex,
             nodes.node_ref_offset, split_leaf_ex, child_ref_offset, child_nodes.node_lo,
             child_nodes.node_hi, i64(nodes.size), copy_lo, copy_hi, copy_ref, copy_seg))
-    with stage(xp=cp, description="clip_straddling: events"):
-        new = make_clipped_events(cp, copy_lo, copy_hi, copy_ref, copy_seg)
-    with stage(xp=cp, description="clip_straddling: merge"):
-        return merge_events(cp, kept, kept_offset, new, child_ref_offset[:2 * num_split + 1],
-                            2 * num_split)
+    keys = cp.empty(6 * num_copies, dtype=np.uint64)
+    num_planar = cp.zeros(1, dtype=np.uint64)
+    launch("clip_straddling: event keys", _clip_kernel("kd_clip_event_keys"), 3 * num_copies,
+           (copy_lo, copy_hi, copy_seg, i64(num_copies), keys, num_planar))
+    sorted_key, sorted_slot = radix_sort(keys, cp.arange(6 * num_copies, dtype=np.uint64))
+    num_children = 2 * num_split
+    child_ref_offset = child_ref_offset[:num_children + 1]
+    kept_key = cp.empty(kept.size, dtype=np.uint64)
+    launch("clip_straddling: kept keys", _clip_kernel("kd_clip_kept_keys"), kept.size,
+           (*kept.args(), i64(kept.size), i64(num_children), child_ref_offset, kept_key))
+    with stage(xp=cp, description="clip_straddling: count"):
+        num_new = 6 * num_copies - int(num_planar.get()[0])
+    num_segments = int(kept_offset.shape[0]) - 1
+    merged = EventSoA.allocate(cp, kept.size + num_new)
+    place = cp.empty(num_new, dtype=np.int64)
+    launch("clip_straddling: place new", _clip_kernel("kd_clip_place_new"), num_new,
+           (sorted_slot, i64(num_new), i64(num_copies), copy_lo, copy_hi, copy_ref, copy_seg,
+            kept_key, kept_offset, i64(num_children), child_ref_offset, place, *merged.args()))
+    offset = cp.empty(num_segments + 1, dtype=np.int64)
+    launch("clip_straddling: place kept", _clip_kernel("kd_clip_place_kept"),
+           max(kept.size, num_segments + 1),
+           (*kept.args(), i64(kept.size), place, sorted_key, i64(num_new), kept_offset,
+            i64(num_segments), *merged.args(), offset))
+    return merged, offset
 
 
 def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings, mesh=None):
