@@ -257,21 +257,23 @@ def test_gpu_clip_runs_every_level_by_stages():
 
 
 @gpu
-def test_gpu_out_of_memory_is_a_clear_error_and_the_gpu_stays_usable():
+@pytest.mark.parametrize("clip", [False, True])
+def test_gpu_out_of_memory_is_a_clear_error_and_the_gpu_stays_usable(clip):
     import cupy
 
     V, F = soup(np.random.default_rng(1), 20000, scale=0.01)
+    cfg = SAHConfig(clip=clip)
     pool = cupy.get_default_memory_pool()
     # Cached blocks would be reused without counting against the limit.
     pool.free_all_blocks()
     pool.set_limit(size=4 << 20)
     try:
         with pytest.raises(MemoryError, match="does not fit in GPU memory"):
-            kd.build(V, F, device="cuda")
+            kd.build(V, F, cfg, device="cuda")
     finally:
         pool.set_limit(size=0)
-    tree = kd.build(V, F, device="cuda")
-    assert_same_tree(cpu_reference.build(V, F), tree)
+    tree = kd.build(V, F, cfg, device="cuda")
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
     assert tree.build_info["peak_device_bytes"] > 0
 
 
