@@ -75,22 +75,24 @@ class TraversalLayout:
     scale: float
     device_id: int
 
+    def __post_init__(self):
+        # The kernel parameters' box and scale, made with the layout (in the
+        # build) so that the first query costs what any later one does.
+        lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
+        self._params = TraceParams(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1],
+                                   hi_z=hi[2], scale=self.scale, tmin=0.0, tmax=np.inf,
+                                   num_rays=0).fields()
+
     def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
         """The kernel's :class:`TraceParams` struct for ``num_rays`` rays with one interval.
 
         Returns
         -------
         (1,) NumPy structured array
-            The by-value kernel argument (the box and scale come from a
-            template made once per layout: a query spends no time on them).
+            The by-value kernel argument (the box and scale come from the
+            template made with the layout: a query spends no time on them).
         """
-        template = self.__dict__.get("_params")
-        if template is None:
-            lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
-            template = self.__dict__["_params"] = TraceParams(
-                lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
-                scale=self.scale, tmin=0.0, tmax=np.inf, num_rays=0).fields()
-        value = template.copy()
+        value = self._params.copy()
         value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
         return as_kernel_argument(value)
 
