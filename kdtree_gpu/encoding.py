@@ -34,10 +34,7 @@ from __future__ import annotations
 import numpy as np
 
 # --- tree nodes ------------------------------------------------------------
-AXIS_X = 0
-AXIS_Y = 1
-AXIS_Z = 2
-AXIS_LEAF = 3
+AXIS_X, AXIS_Y, AXIS_Z, AXIS_LEAF = 0, 1, 2, 3
 
 NODE_AXIS_DTYPE = np.int8
 NODE_SPLIT_DTYPE = np.float32
@@ -46,9 +43,7 @@ NODE_COUNT_DTYPE = np.int32
 LEAF_TRIS_DTYPE = np.int32
 
 # --- events ----------------------------------------------------------------
-EVENT_END = 0
-EVENT_PLANAR = 1
-EVENT_START = 2
+EVENT_END, EVENT_PLANAR, EVENT_START = 0, 1, 2  # their order in a sort
 
 EVENT_POS_DTYPE = np.float32
 EVENT_KIND_DTYPE = np.int8

@@ -34,6 +34,12 @@ VIEW_CHOICES = ("auto", "inside", "outside")
 ROOM_COVERAGE = 0.5
 PLANE_TOLERANCE = 1e-3
 
+DESCRIPTION = (
+    "Render MESH (a file, a name, or a built-in scene such as 'cornell') with the path tracer "
+    "and write a PNG (an existing image is replaced). A mesh gets a grey material and an area "
+    "light; the camera looks at it from outside, or stands inside when the mesh is a room "
+    "(--view auto: at least half of its bounding box's surface is covered by its own faces). "
+    "--eye, --target, --up and --fov replace parts of that camera.")
 
 EXAMPLES = """examples:
   kdtree-gpu render cornell -o cornell.png
@@ -46,16 +52,8 @@ EXAMPLES = """examples:
 def enclosure(vertices, faces) -> float:
     """Share of the bounding box's surface covered by faces lying in the box's planes.
 
-    Parameters
-    ----------
-    vertices : (num_vertices, 3) float
-    faces : (num_triangles, 3) int
-
-    Returns
-    -------
-    float
-        In ``[0, 1]``: 1 for a closed box, about 0 for an object, 0 for a
-        flat mesh (no inside to stand in).
+    Of the mesh ``vertices[faces]``; in ``[0, 1]``: 1 for a closed box, about
+    0 for an object, 0 for a flat mesh (no inside to stand in).
     """
     corners = np.asarray(vertices, np.float64)[np.asarray(faces)]  # (m, 3 corners, 3 axes)
     lo, hi = corners.min(axis=(0, 1)), corners.max(axis=(0, 1))
@@ -145,12 +143,7 @@ def add_parser(commands, shared) -> None:
     from .options import parse_fov, parse_size, parse_vector, positive_int
 
     p = shared.add(commands, "render", "path-trace a mesh or a built-in scene to a PNG",
-                   "Render MESH (a file, a name, or a built-in scene such as 'cornell') with the path "
-                   "tracer and write a PNG (an existing image is replaced). A mesh gets a grey material "
-                   "and an area light; the camera looks at it from outside, or stands inside when the "
-                   "mesh is a room (--view auto: at least half of its bounding box's surface is "
-                   "covered by its own faces). --eye, --target, --up and --fov replace parts of that "
-                   "camera.", EXAMPLES, [shared.device])
+                   DESCRIPTION, EXAMPLES, [shared.device])
     p.add_argument("mesh", metavar="MESH|SCENE", help="a mesh file, a name, or a built-in scene")
     p.add_argument("-o", "--output", required=True, metavar="PNG", help="the image to write")
     p.add_argument("--size", type=parse_size, default=(256, 256), metavar="WxH|N",

@@ -51,16 +51,7 @@ def float_to_ordered_uint(x):
 
 
 def ordered_uint_to_float(key):
-    """Inverse of :func:`float_to_ordered_uint`.
-
-    Parameters
-    ----------
-    key : (...) uint32 or uint64
-
-    Returns
-    -------
-    x : (...) float32 (uint32 input) or float64 (uint64 input)
-    """
+    """Inverse of :func:`float_to_ordered_uint`: uint32 keys give float32, uint64 keys float64."""
     for fdtype, (udtype, sign) in _FLOAT_UINT.items():
         if key.dtype == udtype:
             break

@@ -50,6 +50,12 @@ def make_icosphere(subdivisions=3):
     return mesh.vertices.astype(np.float32), mesh.faces.astype(np.int32)
 
 
+def icosphere_tree(make_tree, subdivisions):
+    """The vertices of ``make_icosphere(subdivisions)`` and ``make_tree``'s tree over it."""
+    vertices, faces = make_icosphere(subdivisions)
+    return vertices, make_tree(vertices, faces)
+
+
 def make_soup(num_tris, rng):
     """Random triangles in the unit cube, some of them tiny, some long and thin."""
     corner = rng.random((num_tris, 1, 3))
@@ -178,8 +184,7 @@ def test_sources_compile_without_warnings(source, tmp_path):
 @needs_gpu
 def test_grid_rays_through_shared_edges_and_vertices_always_hit(make_tree, rng):
     n = 16
-    vertices, faces = make_quad_grid(n)
-    tree = make_tree(vertices, faces)
+    tree = make_tree(*make_quad_grid(n))
     points = grid_edge_points(n, 20000, rng)
     origins, directions = rays_through_points(points, rng)
     t, tri, _, _ = check_against_brute(tree, origins, directions, what="grid edges", min_same=0.0)
@@ -191,8 +196,7 @@ def test_grid_rays_through_shared_edges_and_vertices_always_hit(make_tree, rng):
 @needs_gpu
 def test_rays_lying_in_the_grid_plane_and_on_split_planes(make_tree, rng):
     n = 8
-    vertices, faces = make_quad_grid(n)
-    tree = make_tree(vertices, faces)
+    tree = make_tree(*make_quad_grid(n))
     # rays inside the plane z = 0, along the grid lines (and so along split planes)
     lines = rng.integers(0, n + 1, 500).astype(np.float32) / n
     origins = np.stack([np.full(500, -0.5), lines, np.zeros(500)], 1).astype(np.float32)
@@ -205,8 +209,7 @@ def test_rays_lying_in_the_grid_plane_and_on_split_planes(make_tree, rng):
 @gpu
 @needs_gpu
 def test_rays_from_inside_a_closed_sphere_never_escape(make_tree, rng):
-    vertices, faces = make_icosphere(4)
-    tree = make_tree(vertices, faces)
+    vertices, tree = icosphere_tree(make_tree, 4)
     num = 50000
     origins = (rng.random((num, 3)) * 0.8 - 0.4).astype(np.float32)
     origins[:1000] = 0.0
@@ -241,8 +244,7 @@ def test_random_rays_match_brute_force_and_cpu(scene, make_tree, rng):
 @gpu
 @needs_gpu
 def test_tmin_tmax_intervals(make_tree, rng):
-    vertices, faces = make_icosphere(3)
-    tree = make_tree(vertices, faces)
+    vertices, tree = icosphere_tree(make_tree, 3)
     num = 20000
     origins, directions = random_rays(vertices, num, rng)
     tmin = (rng.random(num) * 2.0).astype(np.float32)
@@ -268,8 +270,7 @@ def test_tmin_tmax_intervals(make_tree, rng):
 @gpu
 @needs_gpu
 def test_rays_pointing_away_miss(make_tree, rng):
-    vertices, faces = make_icosphere(2)
-    tree = make_tree(vertices, faces)
+    tree = make_tree(*make_icosphere(2))
     directions = rng.normal(size=(5000, 3)).astype(np.float32)
     origins = (3.0 * directions / np.linalg.norm(directions, axis=1, keepdims=True)).astype(np.float32)
     t, tri, u, v = (x.get() for x in rg.intersect_gpu(tree, *gpu_rays(origins, directions)))
@@ -337,8 +338,7 @@ def test_layout_is_packed_on_the_device_once_and_equals_the_host_packing(make_tr
     from kdtree_gpu import encoding as enc
     from kdtree_gpu.trace.scale import trace_scale
 
-    vertices, faces = make_icosphere(1)
-    tree = make_tree(vertices, faces)  # a CPU tree: packed on its first GPU query
+    tree = make_tree(*make_icosphere(1))  # a CPU tree: packed on its first GPU query
     first = rg.traversal_layout(tree)
     assert rg.traversal_layout(tree) is first
     assert first.nodes.shape == (tree.num_nodes, 2) and first.tris.shape == (3 * tree.num_refs, 4)
@@ -356,8 +356,7 @@ def test_layout_is_packed_on_the_device_once_and_equals_the_host_packing(make_tr
 def test_bad_ray_arrays_are_rejected(make_tree):
     import cupy
 
-    vertices, faces = make_icosphere(1)
-    tree = make_tree(vertices, faces)
+    tree = make_tree(*make_icosphere(1))
     o, d = cupy.zeros((4, 3), cupy.float32), cupy.ones((4, 3), cupy.float32)
     with pytest.raises(ValueError, match="origins must have shape"):
         tree.intersect(o[:, :2], d)
@@ -375,8 +374,7 @@ def test_bad_ray_arrays_are_rejected(make_tree):
 def test_torch_and_cupy_inputs_give_the_same_hits(make_tree, rng):
     import cupy
 
-    vertices, faces = make_icosphere(3)
-    tree = make_tree(vertices, faces)
+    vertices, tree = icosphere_tree(make_tree, 3)
     origins, directions = random_rays(vertices, 5000, rng)
     t, tri, u, v = tree.intersect(cupy.asarray(origins), cupy.asarray(directions))
     assert isinstance(t, cupy.ndarray) and isinstance(tri, cupy.ndarray)
