@@ -65,7 +65,7 @@ class SoA:
         """
         make = xp.zeros if zero else xp.empty
         arrays = {}
-        for f in dataclasses.fields(cls):
+        for f in _fields(cls):
             m = f.metadata
             count = rows.get(f.name, m["scale"] * n + m["extra"])
             shape = (count,) if m["width"] is None else (count, m["width"])
@@ -74,26 +74,26 @@ class SoA:
 
     def take(self, index):
         """A new SoA holding rows ``index`` (an int array) of every field, in that order."""
-        return type(self)(**{f.name: getattr(self, f.name)[index] for f in dataclasses.fields(self)})
+        return type(self)(**{f.name: getattr(self, f.name)[index] for f in _fields(type(self))})
 
     def prefix(self, n: int):
         """A view of the first ``n`` rows of every field (no copy; same scale for every field)."""
         return type(self)(**{f.name: getattr(self, f.name)[:f.metadata["scale"] * n
                                                             + f.metadata["extra"]]
-                             for f in dataclasses.fields(self)})
+                             for f in _fields(type(self))})
 
     @property
     def size(self) -> int:
         """``n``: the rows of the first field (which has scale 1, extra 0)."""
-        return int(getattr(self, dataclasses.fields(self)[0].name).shape[0])
+        return int(getattr(self, _field_names(type(self))[0]).shape[0])
 
     def arrays(self) -> dict:
         """``{field name: array}`` in declaration order."""
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {name: getattr(self, name) for name in _field_names(type(self))}
 
     def args(self) -> tuple:
         """The fields in declaration order: the kernel parameters of this SoA."""
-        return tuple(getattr(self, f.name) for f in dataclasses.fields(self))
+        return tuple(getattr(self, name) for name in _field_names(type(self)))
 
     def struct(self):
         """The by-value kernel argument: device addresses in the layout of :func:`cuda_struct`.
@@ -109,7 +109,7 @@ class SoA:
     @classmethod
     def of(cls, **arrays):
         """An instance with the given fields and ``None`` (null) for the others."""
-        return cls(**{f.name: arrays.get(f.name) for f in dataclasses.fields(cls)})
+        return cls(**{name: arrays.get(name) for name in _field_names(cls)})
 
 
 class ScalarStruct:
@@ -142,9 +142,16 @@ def _is_soa(cls) -> bool:
     return isinstance(cls, type) and issubclass(cls, SoA)
 
 
+# dataclasses.fields builds its tuple at every call; the builder asks
+# dozens of times per build for the same few classes
+@functools.lru_cache(maxsize=None)
+def _fields(cls) -> tuple:
+    return dataclasses.fields(cls)
+
+
 @functools.lru_cache(maxsize=None)
 def _field_names(cls) -> tuple:
-    return tuple(f.name for f in dataclasses.fields(cls))
+    return tuple(f.name for f in _fields(cls))
 
 
 def as_kernel_argument(fields) -> np.ndarray:
