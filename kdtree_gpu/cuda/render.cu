@@ -88,6 +88,17 @@ __device__ __forceinline__ float kd_emitter_cosine(float3 normal, float3 directi
     return two_sided ? fabsf(c) : c;
 }
 
+// Solid-angle density with which light sampling picks a point of emitter
+// `light` (of the given area) at `distance`, seen at cosine cos_light > 0;
+// +inf for a degenerate emitter, which light sampling cannot pick (BSDF
+// sampling then takes all the weight).
+__device__ __forceinline__ float kd_light_pdf(const float* __restrict__ tri_light_pmf, int light,
+                                              float area, float distance, float cos_light)
+{
+    return area > 0.0f ? tri_light_pmf[light] * distance * distance / (area * cos_light)
+                       : __int_as_float(0x7f800000);
+}
+
 __device__ __forceinline__ float kd_power_heuristic(float pdf_a, float pdf_b)
 {
     float a2 = pdf_a * pdf_a;
@@ -170,12 +181,7 @@ extern "C" __global__ void kd_render_add_emission(
     if (kd_max3(emission) > 0.0f && cos_light > 0.0f) {
         float weight = 1.0f;
         if (depth > 0) {
-            float area = normal.w;
-            float t = hit_t[i];
-            // a degenerate emitter cannot be light-sampled: BSDF sampling takes all
-            float pdf_light = area > 0.0f
-                ? tri_light_pmf[tri] * t * t / (area * cos_light)
-                : __int_as_float(0x7f800000);
+            float pdf_light = kd_light_pdf(tri_light_pmf, tri, normal.w, hit_t[i], cos_light);
             weight = kd_power_heuristic(path_bsdf_pdf[i], pdf_light);
         }
         float3 radiance = kd_scale(kd_mul(kd_load3(path_throughput, i), emission), weight);
@@ -252,7 +258,7 @@ extern "C" __global__ void kd_render_expand_light_samples(
     float cos_light = kd_emitter_cosine(kd_xyz(light_normal), wi, two_sided);
     float area = light_normal.w;
     if (!(cos_surface > 0.0f && cos_light > 0.0f && area > 0.0f)) return;
-    float pdf_light = tri_light_pmf[light] * distance * distance / (area * cos_light);
+    float pdf_light = kd_light_pdf(tri_light_pmf, light, area, distance, cos_light);
     float pdf_bsdf = cos_surface * KD_INV_PI;
     float weight = kd_power_heuristic(pdf_light, pdf_bsdf);
     float3 albedo = kd_xyz(material_albedo[tri_material[tri]]);
