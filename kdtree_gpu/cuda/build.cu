@@ -420,17 +420,13 @@ extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
 
 // Decode the sorted keys into the root's event arrays (segment = axis).
 extern "C" __global__ void kd_root_events_decode(const unsigned long long* __restrict__ keys,
-                                                 long long count,
-                                                 float* __restrict__ event_pos,
-                                                 signed char* __restrict__ event_kind,
-                                                 int* __restrict__ event_ref,
-                                                 int* __restrict__ event_seg)
+                                                 long long count, KdEvents ev)
 {
     long long e = kd_tid();
     if (e >= count) return;
     unsigned long long key = keys[e];
-    event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
-    event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
-    event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
-    event_seg[e] = (int)(key >> 62);
+    ev.event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
+    ev.event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
+    ev.event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
+    ev.event_seg[e] = (int)(key >> 62);
 }

@@ -8,20 +8,16 @@
 
 // Every reference's box in its node, read off its events: the lower bound
 // from its START or PLANAR event, the upper bound from its END or PLANAR one.
-extern "C" __global__ void kd_reference_boxes(const float* __restrict__ event_pos,
-                                              const signed char* __restrict__ event_kind,
-                                              const int* __restrict__ event_ref,
-                                              const int* __restrict__ event_seg,
-                                              long long num_events, long long num_nodes,
-                                              float* __restrict__ ref_lo,
+extern "C" __global__ void kd_reference_boxes(KdEvents ev, long long num_events,
+                                              long long num_nodes, float* __restrict__ ref_lo,
                                               float* __restrict__ ref_hi)
 {
     long long e = kd_tid();
     if (e >= num_events) return;
-    long long slot = 3 * (long long)event_ref[e] + event_seg[e] / num_nodes;
-    int kind = event_kind[e];
-    if (kind != KD_EVENT_END) ref_lo[slot] = event_pos[e];
-    if (kind != KD_EVENT_START) ref_hi[slot] = event_pos[e];
+    long long slot = 3 * (long long)ev.event_ref[e] + ev.event_seg[e] / num_nodes;
+    int kind = ev.event_kind[e];
+    if (kind != KD_EVENT_END) ref_lo[slot] = ev.event_pos[e];
+    if (kind != KD_EVENT_START) ref_hi[slot] = ev.event_pos[e];
 }
 
 // The largest float32 not above x (down) or the smallest not below it; never -0.0.
@@ -118,23 +114,18 @@ __device__ void kd_clip_child_box(const float* v0, const float* v1, const float*
     }
 }
 
-// One test kernel per row: kdtree_gpu.builder.clip.clip_child_boxes' rows on
-// the GPU (the tests compare its bits with cpu_reference.clip).
-extern "C" __global__ void kd_clip_child_boxes(const float* __restrict__ v0,
-                                               const float* __restrict__ v1,
-                                               const float* __restrict__ v2,
-                                               const float* __restrict__ prev_lo,
-                                               const float* __restrict__ prev_hi,
-                                               const float* __restrict__ child_lo,
-                                               const float* __restrict__ child_hi, long long m,
-                                               float* __restrict__ out_lo,
-                                               float* __restrict__ out_hi)
+// A test kernel, one thread per row: kdtree_gpu.builder.clip.clip_child_boxes'
+// rows on the GPU (the tests compare its bits with cpu_reference.clip). Row r
+// of `rows` holds v0, v1, v2, prev_lo, prev_hi, child_lo, child_hi (7 x 3
+// floats); row r of `out` the box (lo, hi).
+extern "C" __global__ void kd_clip_child_boxes(const float* __restrict__ rows, long long m,
+                                               float* __restrict__ out)
 {
     long long r = kd_tid();
     if (r >= m) return;
-    long long o = 3 * r;
-    kd_clip_child_box(v0 + o, v1 + o, v2 + o, prev_lo + o, prev_hi + o, child_lo + o,
-                      child_hi + o, out_lo + o, out_hi + o);
+    const float* p = rows + 21 * r;
+    kd_clip_child_box(p, p + 3, p + 6, p + 9, p + 12, p + 15, p + 18, out + 6 * r,
+                      out + 6 * r + 3);
 }
 
 // The straddling references' copies, 2 * num_both threads: copy c is the left
@@ -252,18 +243,15 @@ extern "C" __global__ void kd_clip_event_keys(const float* __restrict__ copy_lo,
 }
 
 // The kept events' keys within their segments.
-extern "C" __global__ void kd_clip_kept_keys(const float* __restrict__ event_pos,
-                                             const signed char* __restrict__ event_kind,
-                                             const int* __restrict__ event_ref,
-                                             const int* __restrict__ event_seg,
-                                             long long num_events, long long num_children,
+extern "C" __global__ void kd_clip_kept_keys(KdEvents kept, long long num_events,
+                                             long long num_children,
                                              const long long* __restrict__ child_ref_offset,
                                              unsigned long long* __restrict__ key)
 {
     long long e = kd_tid();
     if (e >= num_events) return;
-    key[e] = kd_clip_local_key(event_pos[e], event_kind[e], event_ref[e], event_seg[e],
-                               num_children, child_ref_offset);
+    key[e] = kd_clip_local_key(kept.event_pos[e], kept.event_kind[e], kept.event_ref[e],
+                               kept.event_seg[e], num_children, child_ref_offset);
 }
 
 // num_new threads, new event r in sorted order: its place among the kept
@@ -279,11 +267,7 @@ extern "C" __global__ void kd_clip_place_new(const unsigned long long* __restric
                                              const long long* __restrict__ kept_offset,
                                              long long num_children,
                                              const long long* __restrict__ child_ref_offset,
-                                             long long* __restrict__ place,
-                                             float* __restrict__ out_pos,
-                                             signed char* __restrict__ out_kind,
-                                             int* __restrict__ out_ref,
-                                             int* __restrict__ out_seg)
+                                             long long* __restrict__ place, KdEvents out)
 {
     long long r = kd_tid();
     if (r >= num_new) return;
@@ -305,30 +289,22 @@ extern "C" __global__ void kd_clip_place_new(const unsigned long long* __restric
     }
     place[r] = lo;
     long long dst = lo + r;
-    out_pos[dst] = pos;
-    out_kind[dst] = (signed char)kind;
-    out_ref[dst] = (int)ref;
-    out_seg[dst] = seg;
+    out.event_pos[dst] = pos;
+    out.event_kind[dst] = (signed char)kind;
+    out.event_ref[dst] = (int)ref;
+    out.event_seg[dst] = seg;
 }
 
 // max(num_kept, num_segments + 1) threads: kept event e goes after the new
 // events placed at or before it (place ascends with r); segment s of the
 // merged list starts after the kept and new events of the segments before it
 // (sorted_key's segment bits ascend).
-extern "C" __global__ void kd_clip_place_kept(const float* __restrict__ event_pos,
-                                              const signed char* __restrict__ event_kind,
-                                              const int* __restrict__ event_ref,
-                                              const int* __restrict__ event_seg,
-                                              long long num_kept,
+extern "C" __global__ void kd_clip_place_kept(KdEvents kept, long long num_kept,
                                               const long long* __restrict__ place,
                                               const unsigned long long* __restrict__ sorted_key,
                                               long long num_new,
                                               const long long* __restrict__ kept_offset,
-                                              long long num_segments,
-                                              float* __restrict__ out_pos,
-                                              signed char* __restrict__ out_kind,
-                                              int* __restrict__ out_ref,
-                                              int* __restrict__ out_seg,
+                                              long long num_segments, KdEvents out,
                                               long long* __restrict__ out_offset)
 {
     long long e = kd_tid();
@@ -340,10 +316,10 @@ extern "C" __global__ void kd_clip_place_kept(const float* __restrict__ event_po
             else hi = mid;
         }
         long long dst = e + lo;
-        out_pos[dst] = event_pos[e];
-        out_kind[dst] = event_kind[e];
-        out_ref[dst] = event_ref[e];
-        out_seg[dst] = event_seg[e];
+        out.event_pos[dst] = kept.event_pos[e];
+        out.event_kind[dst] = kept.event_kind[e];
+        out.event_ref[dst] = kept.event_ref[e];
+        out.event_seg[dst] = kept.event_seg[e];
     }
     if (e <= num_segments) {
         unsigned long long first = (unsigned long long)e << KD_CLIP_SEG_SHIFT;

@@ -120,7 +120,7 @@ def reference_boxes_gpu(cp, events, num_refs, num_nodes):
     ref_lo = cp.empty((num_refs, 3), dtype=np.float32)
     ref_hi = cp.empty((num_refs, 3), dtype=np.float32)
     launch("classify_triangles: reference boxes", _clip_kernel("kd_reference_boxes"),
-           events.size, (*events.args(), i64(events.size), i64(num_nodes), ref_lo, ref_hi))
+           events.size, (events.struct(), i64(events.size), i64(num_nodes), ref_lo, ref_hi))
     return ref_lo, ref_hi
 
 
@@ -274,7 +274,7 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     child_ref_offset = child_ref_offset[:num_children + 1]
     kept_key = cp.empty(kept.size, dtype=np.uint64)
     launch("clip_straddling: kept keys", _clip_kernel("kd_clip_kept_keys"), kept.size,
-           (*kept.args(), i64(kept.size), i64(num_children), child_ref_offset, kept_key))
+           (kept.struct(), i64(kept.size), i64(num_children), child_ref_offset, kept_key))
     with stage(xp=cp, description="clip_straddling: count"):
         num_new = 6 * num_copies - int(num_planar.get()[0])
     num_segments = int(kept_offset.shape[0]) - 1
@@ -282,12 +282,12 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     place = cp.empty(num_new, dtype=np.int64)
     launch("clip_straddling: place new", _clip_kernel("kd_clip_place_new"), num_new,
            (sorted_slot, i64(num_new), i64(num_copies), copy_lo, copy_hi, copy_ref, copy_seg,
-            kept_key, kept_offset, i64(num_children), child_ref_offset, place, *merged.args()))
+            kept_key, kept_offset, i64(num_children), child_ref_offset, place, merged.struct()))
     offset = cp.empty(num_segments + 1, dtype=np.int64)
     launch("clip_straddling: place kept", _clip_kernel("kd_clip_place_kept"),
            max(kept.size, num_segments + 1),
-           (*kept.args(), i64(kept.size), place, sorted_key, i64(num_new), kept_offset,
-            i64(num_segments), *merged.args(), offset))
+           (kept.struct(), i64(kept.size), place, sorted_key, i64(num_new), kept_offset,
+            i64(num_segments), merged.struct(), offset))
     return merged, offset
 
 

@@ -167,5 +167,5 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
         sorted_keys = cp.sort(keys)
     events = EventSoA.allocate(cp, total)
     launch("create_root_events: decode", get_function(_SOURCE, "kd_root_events_decode"), total,
-           (sorted_keys, np.int64(total), *events.args()))
+           (sorted_keys, np.int64(total), events.struct()))
     return events

@@ -199,11 +199,12 @@ def test_gpu_clipped_boxes_are_the_reference_bits():
     np.testing.assert_array_equal(lo.get().view(np.uint32), ref_lo.view(np.uint32))
     np.testing.assert_array_equal(hi.get().view(np.uint32), ref_hi.view(np.uint32))
     # the CUDA device function of the builder
-    out_lo, out_hi = cupy.empty_like(rows[3]), cupy.empty_like(rows[4])
+    out = cupy.empty((v.shape[0], 2, 3), dtype=np.float32)
     launch("clip child boxes", get_function("clip.cu", "kd_clip_child_boxes"), v.shape[0],
-           (*rows, np.int64(v.shape[0]), out_lo, out_hi))
-    np.testing.assert_array_equal(out_lo.get().view(np.uint32), ref_lo.view(np.uint32))
-    np.testing.assert_array_equal(out_hi.get().view(np.uint32), ref_hi.view(np.uint32))
+           (cupy.ascontiguousarray(cupy.stack(rows, axis=1), dtype=np.float32),
+            np.int64(v.shape[0]), out))
+    np.testing.assert_array_equal(out[:, 0].get().view(np.uint32), ref_lo.view(np.uint32))
+    np.testing.assert_array_equal(out[:, 1].get().view(np.uint32), ref_hi.view(np.uint32))
 
 
 @gpu
