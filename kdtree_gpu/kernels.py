@@ -32,6 +32,18 @@ Conventions for the sources
   (``KdEvents``, ``KdLevelScratch``, ...) come from their declarations in
   :mod:`kdtree_gpu.builder.soa` (:func:`kdtree_gpu.soa.cuda_struct`).
 
+First use on a machine
+----------------------
+CuPy compiles a module with NVRTC when its first kernel is asked for (4-6 s
+for the builder's modules on an H200) and keeps the binary in its on-disk
+kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), so
+later processes load it in milliseconds. Before the first compilation of a
+module this machine has not compiled before, :data:`GPU_COMPILE_MESSAGE` is
+printed once per process on stderr; a stamp per module (its source hash,
+options, the device's architecture, the CuPy and NVRTC versions) under
+``KDTREE_GPU_CACHE_DIR`` (default ``~/.cache/kdtree_gpu``) remembers that it
+was compiled. ``kdtree-gpu demo`` on a GPU machine compiles them all.
+
 Checking the sources without a GPU
 ----------------------------------
 ``python -m kdtree_gpu.kernels --check [--arch sm_90]`` writes the preamble
@@ -63,8 +75,14 @@ KERNEL_PREFIX = "kd_"
 BASE_OPTIONS = ("--std=c++17", "-lineinfo")
 DEFAULT_NVCC_ARCH = "sm_90"
 
+GPU_COMPILE_MESSAGE = ("kdtree-gpu: compiling GPU kernels for sm_{arch}, once per machine "
+                       "(a few seconds)...")
+
 _module_cache: dict = {}
 _function_cache: dict = {}
+_compiled_modules: set = set()  # stamps of the modules built in this process
+_stamps: dict = {}
+_announced = False
 
 
 def cuda_sources() -> list:
@@ -266,14 +284,69 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
     if function is None:
         names = None if name_expressions is None else tuple(name_expressions)
         module = get_module(filename, options, names, cooperative)
-        function = _function_cache[key] = module.get_function(name)
+        # the module compiles (or loads CuPy's cached binary) at its first kernel
+        stamp = _stamp(cupy, filename, options, names, cooperative)
+        function = compile_announced(stamp, lambda: module.get_function(name),
+                                     arch=cupy.cuda.Device().compute_capability)
+        _function_cache[key] = function
     return function
+
+
+def cache_dir() -> Path:
+    """Where the package keeps its per-machine stamps (``KDTREE_GPU_CACHE_DIR``)."""
+    return Path(os.environ.get("KDTREE_GPU_CACHE_DIR") or Path.home() / ".cache" / "kdtree_gpu")
+
+
+def _stamp(cupy, filename, options, names, cooperative) -> Path:
+    """The stamp file of one module on this machine's GPU and software."""
+    memo = (cupy.cuda.runtime.getDevice(), filename, tuple(options), names, cooperative)
+    stamp = _stamps.get(memo)
+    if stamp is None:
+        stamp = _stamps[memo] = cache_dir() / "gpu_modules" / _module_digest(
+            cupy, filename, options, names, cooperative)
+    return stamp
+
+
+def _module_digest(cupy, filename, options, names, cooperative) -> str:
+    key = repr((hashlib.sha1(read_source(filename).encode()).hexdigest(), filename,
+                compile_options(options), names, cooperative,
+                cupy.cuda.Device().compute_capability, cupy.__version__,
+                cupy.cuda.nvrtc.getVersion()))
+    return hashlib.sha1(key.encode()).hexdigest()
+
+
+def compile_announced(stamp: Path, compile_, arch: str = ""):
+    """Run ``compile_()``, first saying so on stderr if ``stamp`` does not exist.
+
+    The message (:data:`GPU_COMPILE_MESSAGE`) is printed at most once per
+    process; after ``compile_`` returns the stamp is written (quietly skipped
+    where the cache directory is not writable).
+
+    Returns
+    -------
+    What ``compile_()`` returns.
+    """
+    global _announced
+    known = stamp in _compiled_modules or stamp.exists()
+    if not known and not _announced:
+        _announced = True
+        print(GPU_COMPILE_MESSAGE.format(arch=arch), file=sys.stderr, flush=True)
+    result = compile_()
+    if not known:
+        try:
+            stamp.parent.mkdir(parents=True, exist_ok=True)
+            stamp.touch()
+        except OSError:
+            pass
+    _compiled_modules.add(stamp)
+    return result
 
 
 def clear_cache() -> None:
     """Forget every compiled module and function (sources are re-read next time)."""
     _module_cache.clear()
     _function_cache.clear()
+    _stamps.clear()
 
 
 def find_nvcc() -> Optional[str]:
