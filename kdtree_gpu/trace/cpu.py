@@ -28,9 +28,8 @@ on the stack lies beyond it.
 How the CPU runs it
 -------------------
 * The tree is read from a layout made once per tree and kept in its cache
-  (:func:`cpu_layout`): 8-byte nodes (:func:`kdtree_gpu.encoding.pack_nodes`,
-  split positions times ``s``) and the scaled vertices of every triangle in
-  one row of 9 floats.
+  (:mod:`kdtree_gpu.trace.layout`): 8-byte nodes in cache-line clusters and
+  the scaled vertices of every triangle in one row of 9 floats.
 * Rays go in packets of :data:`LANES` (8, one AVX register of float32):
   consecutive rays with the same direction octant and the same ``kz``, so
   that all lanes order children alike and read the same coordinates of a
@@ -54,11 +53,10 @@ import numpy as np
 
 from .. import encoding as enc
 from .ray_order import ray_order
-from .scale import trace_scale
 from .simd import (LANES, _lane, _splat, _vadd, _vdiv, _vedge64, _veq, _vge, _vgt, _vle,
                    _vload, _vlt, _vmax, _vmin, _vmul, _vne, _vsel, _vstore, _vsub)
-from .watertight import (_F32_INF, _F32_ONE, _F32_ZERO, _clip_slab, pack_triangles,
-                         setup_watertight)
+from .layout import cpu_layout
+from .watertight import _F32_INF, _F32_ONE, _F32_ZERO, _clip_slab, setup_watertight
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
 TRAVERSE_EPS = np.float32(enc.TRAVERSE_EPS)
@@ -112,6 +110,7 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
     P = LANES
     # the packet's lanes, written ray by ray, then read as vectors
     lane = np.zeros((14, P), f32)
+    lane_flat = lane.reshape(-1)
     lane_ray = np.empty(P, np.int64)
     best_tri = np.empty(P, np.int64)
     st_node = np.empty(stack_size, np.int64)
@@ -190,7 +189,6 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
         if nl == 0:
             continue
         o_x, o_y, o_z = _vload(lane[0], 0), _vload(lane[1], 0), _vload(lane[2], 0)
-        i_x, i_y, i_z = _vload(lane[3], 0), _vload(lane[4], 0), _vload(lane[5], 0)
         v_sx, v_sy, v_sz = _vload(lane[6], 0), _vload(lane[7], 0), _vload(lane[8], 0)
         v_eps = _vload(lane[9], 0)
         v_tmin, v_tmax = _vload(lane[10], 0), _vload(lane[11], 0)
@@ -218,8 +216,9 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 neg = (pk_neg >> axis) & 1
                 first = left + neg
                 second = left + (1 - neg)
-                o_a = o_x if axis == 0 else (o_y if axis == 1 else o_z)
-                i_a = i_x if axis == 0 else (i_y if axis == 1 else i_z)
+                # rows axis and 3 + axis of the lanes: loads, not branches on axis
+                o_a = _vload(lane_flat, P * axis)
+                i_a = _vload(lane_flat, P * (3 + axis))
                 ts = _vmul(_vsub(_splat(splits[np.uint32(2 * node)]), o_a), i_a)
                 near_only = _vgt(ts, _vadd(tf, v_eps))
                 far_only = _vlt(ts, _vsub(tn, v_eps)) & ~near_only
@@ -333,62 +332,6 @@ def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, r
             nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin, ray_tmax,
             any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK), stack_size, hit_t,
             hit_tri, hit_u, hit_v, order)
-
-
-# --- the tree as the CPU reads it -------------------------------------------------
-class CpuLayout:
-    """A tree's traversal data on the CPU (made once, kept in the tree's cache).
-
-    Attributes
-    ----------
-    scale : float32
-        The trace scale of the root box.
-    bounds : (2, 3) float32
-        The root box (unscaled).
-    box : (6,) float32
-        The root box times ``scale``: ``lo_x, lo_y, lo_z, hi_x, hi_y, hi_z``.
-    nodes : (2 * num_nodes,) int32
-        Packed nodes (:func:`kdtree_gpu.encoding.pack_nodes`), node ``i`` in
-        ``nodes[2 i : 2 i + 2]``, split positions times ``scale``.
-    splits : (2 * num_nodes,) float32
-        The same memory as ``nodes``, read as float32 (``splits[2 i]``).
-    tris : (9 * num_triangles,) float32
-        Scaled vertices of every triangle, ``v0 v1 v2`` (x, y, z each).
-    tri_ids : (num_refs,) int32
-        ``leaf_tris``.
-    stack_size : int
-        Entries of the traversal stack (the tree's depth + 1).
-    """
-
-    def __init__(self, tree):
-        from ..tree.check import walk_levels
-
-        self.bounds = np.ascontiguousarray(tree.bounds, dtype=np.float32)
-        self.scale = trace_scale(self.bounds)
-        self.box = (self.bounds * self.scale).reshape(-1)
-        split = (np.asarray(tree.node_split, dtype=np.float32) * self.scale).astype(np.float32)
-        self.nodes = enc.pack_nodes(tree.node_axis, split, tree.node_child,
-                                    tree.node_count).reshape(-1)
-        self.splits = self.nodes.view(np.float32)
-        self.tri_ids = np.ascontiguousarray(tree.leaf_tris, dtype=np.int32)
-        self.tris = pack_triangles(tree.vertices, tree.faces, np.arange(tree.num_triangles),
-                                   self.scale).reshape(-1)
-        self.stack_size = int(walk_levels(tree)[0].max()) + 1
-
-
-_LAYOUT_ARRAYS = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "bounds",
-                  "vertices", "faces")
-
-
-def cpu_layout(tree) -> CpuLayout:
-    """The tree's CPU traversal layout, made on first use and cached on the tree."""
-    key = tuple(id(getattr(tree, name)) for name in _LAYOUT_ARRAYS)
-    cached = tree._device_cache.get("cpu_layout")
-    if cached is not None and cached[0] == key:
-        return cached[1]
-    layout = CpuLayout(tree)
-    tree._device_cache["cpu_layout"] = (key, layout)
-    return layout
 
 
 def _bound(value):

@@ -156,3 +156,27 @@ def test_bad_rays_are_counted_in_the_traversal(make_tree, rng, any_hit):
     message = bad_ray_message(first, int(problem[first]), 300, O, D, t0, t1)
     with pytest.raises(ValueError, match=re.escape(message)):
         query(O, D, t0, t1)
+
+
+def test_clustered_node_order_keeps_the_tree(make_tree):
+    # the layout's node order moves nodes, never changes what is below a node
+    from kdtree_gpu.trace.layout import reorder_nodes
+
+    tree = torus_tree(make_tree)
+    axis, split, child, count = reorder_nodes(tree.node_axis, tree.node_split, tree.node_child,
+                                              tree.node_count)
+    assert axis[1] == 3 and count[1] == 0  # the empty slot before the first pair
+
+    def walk(axis, split, child, count):
+        out, stack = [], [0]
+        while stack:
+            node = stack.pop()
+            out.append((int(axis[node]), float(split[node]), int(count[node]),
+                        int(child[node]) if axis[node] == 3 else -1))
+            if axis[node] != 3:
+                stack += [int(child[node]) + 1, int(child[node])]
+        return out
+
+    assert walk(axis, split, child, count) == walk(tree.node_axis, tree.node_split,
+                                                   tree.node_child, tree.node_count)
+    assert len(axis) == tree.num_nodes + 1
