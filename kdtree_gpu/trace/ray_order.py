@@ -21,6 +21,7 @@ from .watertight import _F32_INF, _F32_ZERO
 ORIGIN_BITS = 5
 DIRECTION_BITS = 2
 SORT_MIN_RAYS = 8192
+KEY_CHUNK = 65536  # rays per parallel task of the key pass
 
 
 # Spread bits: entry c has bit b of c at bit 3 b (Morton interleaving).
@@ -38,7 +39,7 @@ def _cell(x, lo, scale, top):
     return c
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, error_model="numpy", inline="always")
 def _ray_key(origins, directions, i, grid):
     # kz and octant, then the Morton codes of the origin's and the direction's
     # cells interleaved; grid: lo and scale of origins (rows 0, 1) and of
@@ -89,11 +90,13 @@ def _coherent(origins, directions, grid, samples):
     return 2 * same >= samples
 
 
-@numba.njit(cache=True, error_model="numpy")
+@numba.njit(cache=True, parallel=True, error_model="numpy")
 def _ray_keys(origins, directions, grid, keys):
-    # one core: waking the others costs more than this pass
-    for i in range(origins.shape[0]):
-        keys[i] = _ray_key(origins, directions, i, grid)
+    # every core, KEY_CHUNK rays a task (inlined _ray_key: no call per ray)
+    n = origins.shape[0]
+    for c in numba.prange((n + KEY_CHUNK - 1) // KEY_CHUNK):
+        for i in range(c * KEY_CHUNK, min(n, (c + 1) * KEY_CHUNK)):
+            keys[i] = _ray_key(origins, directions, i, grid)
 
 
 @numba.njit(cache=True, error_model="numpy")
