@@ -52,10 +52,10 @@ import numba
 import numpy as np
 
 from .. import encoding as enc
-from .ray_order import ray_order
-from .simd import (LANES, _lane, _splat, _vadd, _vdiv, _vedge64, _veq, _vge, _vgt, _vle,
-                   _vload, _vlt, _vmax, _vmin, _vmul, _vne, _vsel, _vstore, _vsub)
 from .layout import cpu_layout
+from .ray_order import ray_order
+from .simd import (LANES, _lane, _prefetch, _splat, _vadd, _vdiv, _vedge64, _veq, _vge, _vgt,
+                   _vle, _vload, _vlt, _vmax, _vmin, _vmul, _vne, _vsel, _vstore, _vsub)
 from .watertight import _F32_INF, _F32_ONE, _F32_ZERO, _clip_slab, setup_watertight
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
@@ -213,6 +213,10 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
             axis = word & _AXIS_MASK
             while axis != _AXIS_LEAF:
                 left = word >> _PACK_SHIFT
+                # the two cache lines after the children: their descendants in
+                # the clustered layout, read next whichever way the lanes go
+                _prefetch(nodes, 2 * left + 16)
+                _prefetch(nodes, 2 * left + 32)
                 neg = (pk_neg >> axis) & 1
                 first = left + neg
                 second = left + (1 - neg)

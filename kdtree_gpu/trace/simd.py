@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numba
 from llvmlite import ir
-from numba.core import types
+from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
 
 LANES = 8
@@ -159,3 +159,20 @@ def _vmin(a, b):
 @numba.njit(cache=True, error_model="numpy", inline="always")
 def _vmax(a, b):
     return _vsel(_vgt(a, b), a, b)
+
+
+@intrinsic
+def _prefetch(typingctx, arr, start):
+    """Prefetch the cache line of arr[start] (a hint: no fault, no effect on results)."""
+    if not isinstance(arr, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        data = context.make_array(signature.args[0])(context, builder, args[0]).data
+        index = context.cast(builder, args[1], signature.args[1], types.intp)
+        ptr = builder.bitcast(builder.gep(data, [index]), ir.IntType(8).as_pointer())
+        fnty = ir.FunctionType(ir.VoidType(), [ptr.type, _I32, _I32, _I32])
+        fn = cgutils.get_or_insert_function(builder.module, fnty, "llvm.prefetch.p0")
+        builder.call(fn, [ptr, ir.Constant(_I32, 0), ir.Constant(_I32, 3), ir.Constant(_I32, 1)])
+        return context.get_dummy_value()
+    return types.none(arr, start), codegen
