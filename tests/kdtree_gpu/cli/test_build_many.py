@@ -168,8 +168,10 @@ def test_ctrl_c_cancels_the_batch_and_leaves_only_complete_trees(tmp_path, cli_h
     needs_dask()
     folder = tmp_path / "larger"
     folder.mkdir()
-    for i in range(16):
-        cli_helpers.write_ply(folder / f"grid{i:02d}.ply", *cli_helpers.grid_mesh(50, seed=i))
+    # enough work that the interrupt lands mid-batch: 24 meshes of 28,800 triangles
+    # (16 of 5,000 could all be built between the first record and the signal)
+    for i in range(24):
+        cli_helpers.write_ply(folder / f"grid{i:02d}.ply", *cli_helpers.grid_mesh(120, seed=i))
     out = tmp_path / "out"
     # a terminal's Ctrl-C: SIGINT to the whole process group, workers included
     process = subprocess.Popen(
@@ -201,7 +203,7 @@ def test_ctrl_c_cancels_the_batch_and_leaves_only_complete_trees(tmp_path, cli_h
                           timeout=120)
     assert done.returncode == 0, done.stderr
     statuses = [r["status"] for r in json_records(done.stdout)]
-    assert statuses.count("up to date") == len(names) and statuses.count("built") == 16 - len(names)
+    assert statuses.count("up to date") == len(names) and statuses.count("built") == 24 - len(names)
 
 
 def test_without_dask_the_options_say_what_to_install(run_cli, cli_helpers, tiny_ply, tmp_path,
