@@ -199,7 +199,8 @@ def local_client(workers: Optional[int] = None, device="auto", gpus=None,
 
 
 def _ignore_interrupts_plugin():
-    """A worker plugin that makes SIGINT do nothing in the worker process (restarted ones too)."""
+    """A worker plugin that makes SIGINT do nothing in the worker process (restarted ones
+    too) and keeps the heartbeat race of a cancelled batch's shutdown off stderr."""
     from distributed import WorkerPlugin
 
     # defined here, so that it travels by value and workers need no kdtree_gpu to load it
@@ -207,11 +208,21 @@ def _ignore_interrupts_plugin():
         name = "kdtree-gpu-ignore-interrupts"
 
         def setup(self, worker):
+            import logging
             import signal
             import threading
 
             if threading.current_thread() is threading.main_thread():
                 signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+            # When the batch is cancelled the scheduler can close while a
+            # heartbeat is on its way: the worker then logs a traceback
+            # though nothing is wrong. Other worker messages still show.
+            class QuietShutdown(logging.Filter):
+                def filter(self, record):
+                    return "during heartbeat" not in record.getMessage()
+
+            logging.getLogger("distributed.worker").addFilter(QuietShutdown())
 
     return IgnoreInterrupts()
 

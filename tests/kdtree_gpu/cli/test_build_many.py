@@ -178,7 +178,10 @@ def test_ctrl_c_cancels_the_batch_and_leaves_only_complete_trees(tmp_path, cli_h
         [sys.executable, "-m", "kdtree_gpu", "build", str(folder / "*.ply"), "-o", str(out),
          "--workers", "2", "--device", "cpu", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-        cwd=tmp_path, env=same_code_env())
+        cwd=tmp_path, env=same_code_env(),
+        # a test runner started in the background of a shell inherits SIGINT ignored
+        # (and Python then keeps it so): give the command a terminal's default
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         first = process.stdout.readline()
         assert json.loads(first)["status"] == "built"
