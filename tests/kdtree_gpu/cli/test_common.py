@@ -146,3 +146,30 @@ def test_lines_printed_under_a_bar_stay_whole(capsys):
     out, err = capsys.readouterr()
     assert out == "result\n"
     assert "kdtree-gpu: error: problem\n" in err
+
+
+def test_cpu_builds_time_without_the_first_compile_and_say_so(monkeypatch, capsys):
+    import numpy as np
+
+    import cpu_reference
+    from cpu_reference.warmup import WarmUp
+    from kdtree_gpu.device import CPU
+    from kdtree_gpu.config import SAHConfig
+
+    calls = []
+    real = cpu_reference.warm_up
+
+    def first_use():  # as on a machine that compiles now
+        calls.append(1)
+        real()
+        return WarmUp(27.5, True) if len(calls) == 1 else WarmUp(0.0, False)
+
+    monkeypatch.setattr(cpu_reference, "warm_up", first_use)
+    V = np.random.default_rng(0).random((30, 3)).astype(np.float32)
+    F = np.arange(30).reshape(10, 3)
+    tree, build_ms = common.build_tree(V, F, SAHConfig(), CPU)
+    assert calls and build_ms == 1e3 * tree.build_info["seconds"]
+    assert capsys.readouterr().err.strip() == \
+        "kdtree-gpu: compiled in 27.5 s (not counted in the times below)"
+    common.build_tree(V, F, SAHConfig(), CPU)  # warm: nothing said
+    assert capsys.readouterr().err == ""
