@@ -28,9 +28,9 @@ from numba.core import event
 COMPILE_MESSAGE = "kdtree-gpu: compiling CPU kernels, once per machine (about 30 s)..."
 
 _PACKAGE = __name__.split(".")[0]
-_lock = threading.Lock()
-_warm = False
-_announced = False
+_lock = threading.RLock()  # a warm-up may build a tree, whose builder warms up too
+_warm: set = set()  # names of the warm-ups done in this process
+_announced: set = set()  # their messages printed
 
 
 class WarmUp(NamedTuple):
@@ -49,46 +49,47 @@ class WarmUp(NamedTuple):
 
 
 class _CompileListener(event.Listener):
-    """Notes (and announces once per process) a compilation of this package's code."""
+    """Notes (and announces once per process) a compilation of one package's code."""
 
-    def __init__(self):
+    def __init__(self, package, message):
         self.compiled = False
+        self.package, self.message = package, message
 
     def on_start(self, ev):
         dispatcher = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
         module = getattr(getattr(dispatcher, "py_func", None), "__module__", "") or ""
-        if module.split(".")[0] != _PACKAGE:
+        if module.split(".")[0] != self.package:
             return
         self.compiled = True
-        global _announced
-        if not _announced:
-            _announced = True
-            print(COMPILE_MESSAGE, file=sys.stderr, flush=True)
+        if self.message not in _announced:
+            _announced.add(self.message)
+            print(self.message, file=sys.stderr, flush=True)
 
     def on_end(self, ev):
         pass
 
 
-def compile_once(work) -> WarmUp:
-    """Run ``work()`` once per process, saying so on stderr if numba compiles.
+def compile_once(work, name: str = "builder", package: str = _PACKAGE,
+                 message: str = COMPILE_MESSAGE) -> WarmUp:
+    """Run ``work()`` once per process and ``name``, saying so on stderr if numba compiles.
 
     ``work`` makes the calls whose kernels must be ready (the builder's
     :func:`cpu_reference.warm_up` passes small builds through its own code
-    path). :data:`COMPILE_MESSAGE` is printed before numba starts compiling,
-    if it has to; later calls return at once.
+    path). ``message`` is printed before numba starts compiling code of
+    ``package``, if it has to (at most once per process); later calls
+    return at once.
 
     Returns
     -------
     WarmUp
         ``(seconds, compiled)``.
     """
-    global _warm
     start = time.perf_counter()
     with _lock:
-        if _warm:
+        if name in _warm:
             return WarmUp(time.perf_counter() - start, False)
-        listener = _CompileListener()
+        listener = _CompileListener(package, message)
         with event.install_listener("numba:compile", listener):
             work()
-        _warm = True
+        _warm.add(name)
     return WarmUp(time.perf_counter() - start, listener.compiled)

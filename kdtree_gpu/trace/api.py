@@ -204,9 +204,53 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     return tuple(like(r, origins) for r in results)
 
 
+RAY_COMPILE_MESSAGE = "kdtree-gpu: compiling CPU ray kernels, once per machine (about 20 s)..."
+
+
+def warm_up_cpu():
+    """Compile (or load from numba's cache) the CPU ray kernels, once per process.
+
+    The first query on the CPU calls it; on a machine where numba compiles,
+    :data:`RAY_COMPILE_MESSAGE` goes to stderr first (call it yourself to keep
+    compilation out of a measurement).
+
+    Returns
+    -------
+    cpu_reference.warmup.WarmUp
+        ``(seconds, compiled)``.
+    """
+    from cpu_reference.warmup import compile_once
+
+    return compile_once(_trace_small, name="rays", package=__name__.split(".")[0],
+                        message=RAY_COMPILE_MESSAGE)
+
+
+def _trace_small():
+    # the queries' own calls, with the argument types of real ones: scalar and
+    # per-ray bounds, closest and any hit, the traversal and the brute force
+    import cpu_reference
+
+    from .brute import brute_cpu
+    from .cpu import intersect_cpu, occluded_cpu
+
+    rng = np.random.default_rng(0)
+    V = rng.random((60, 3)).astype(np.float32)
+    F = np.arange(60).reshape(20, 3)
+    tree = cpu_reference.build(V, F)
+    O, D = _ray_arrays(np, rng.random((16, 3)), rng.normal(size=(16, 3)))
+    for tmin, tmax in ((0.0, np.inf), (np.zeros(16, np.float32), np.full(16, 9.0, np.float32))):
+        t0, t1 = _interval(np, tmin, "tmin", 16), _interval(np, tmax, "tmax", 16)
+        for query in (intersect_cpu, occluded_cpu):
+            query(tree, O, D, t0, t1, status=np.empty(2, np.int64))
+    O, D, t0, t1 = check_rays(O, D)
+    for any_hit in (False, True):
+        brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
+
+
 def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):
     from .cpu import intersect_cpu, occluded_cpu
 
+    warm_up_cpu()
     O, D = _ray_arrays(np, origins, directions)
     n = O.shape[0]
     t0, t1 = (_interval(np, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
@@ -334,6 +378,7 @@ def _run_brute(tree_or_vertices, faces, origins, directions, tmin, tmax, device,
     if not dev.is_cuda:
         from .brute import brute_cpu
 
+        warm_up_cpu()
         results = brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
         results = (results[1] >= 0,) if any_hit else results
     else:

@@ -77,3 +77,25 @@ def test_warm_process_returns_at_once_and_builds_compile_nothing():
                 tree = cpu_reference.build(V, F, config, threads=threads)
                 assert tree.build_info["compiled"] is False
     assert compiled == []
+
+
+RAYS_SCRIPT = """
+import numpy as np, cpu_reference, kdtree_gpu
+cpu_reference.warm_up()
+V = np.random.default_rng(0).random((30, 3)).astype(np.float32)
+tree = kdtree_gpu.build(V, np.arange(30).reshape(10, 3), device="cpu")
+O = np.random.default_rng(1).random((50, 3)).astype(np.float32)
+tree.intersect(O, -O, device="cpu")
+tree.occluded(O, -O, device="cpu")
+"""
+
+
+def test_first_cpu_rays_announce_their_compile_once(tmp_path):
+    from kdtree_gpu.trace.api import RAY_COMPILE_MESSAGE
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    runs = [subprocess.run([sys.executable, "-c", RAYS_SCRIPT], cwd=REPO, env=env,
+                           capture_output=True, text=True, timeout=900) for _ in range(2)]
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr + runs[1].stderr
+    assert runs[0].stderr.splitlines() == [COMPILE_MESSAGE, RAY_COMPILE_MESSAGE], runs[0].stderr
+    assert runs[1].stderr == ""
