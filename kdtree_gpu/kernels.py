@@ -80,8 +80,6 @@ GPU_COMPILE_MESSAGE = ("kdtree-gpu: compiling GPU kernels for sm_{arch}, once pe
 
 _module_cache: dict = {}
 _function_cache: dict = {}
-_compiled_modules: set = set()  # stamps of the modules built in this process
-_stamps: dict = {}
 _announced = False
 
 
@@ -221,6 +219,11 @@ def get_module(filename: str, options: Sequence[str] = (), name_expressions=None
     FileNotFoundError, ValueError
         See :func:`read_source`.
     """
+    return _module_entry(filename, options, name_expressions, cooperative)[0]
+
+
+def _module_entry(filename, options, name_expressions, cooperative) -> tuple:
+    """``(module, stamp)``: :func:`get_module`'s module and its stamp file on this machine."""
     from .device import require_gpu
 
     require_gpu(f"compiling {filename}")
@@ -232,16 +235,21 @@ def get_module(filename: str, options: Sequence[str] = (), name_expressions=None
     device_id = cupy.cuda.runtime.getDevice()
     key = (device_id, filename, options, names, cooperative,
            hashlib.sha1(code.encode()).hexdigest())
-    module = _module_cache.get(key)
-    if module is None:
+    entry = _module_cache.get(key)
+    if entry is None:
         module = cupy.RawModule(
             code=code,
             options=compile_options(options),
             name_expressions=names,
             enable_cooperative_groups=cooperative,
         )
-        _module_cache[key] = module
-    return module
+        # the module's identity on any device of this architecture and software
+        machine_key = repr((key[1:], compile_options(options),
+                            cupy.cuda.Device().compute_capability, cupy.__version__,
+                            cupy.cuda.nvrtc.getVersion()))
+        stamp = cache_dir() / "gpu_modules" / hashlib.sha1(machine_key.encode()).hexdigest()
+        entry = _module_cache[key] = (module, stamp)
+    return entry
 
 
 def get_function(filename: str, name: str, options: Sequence[str] = (), name_expressions=None,
@@ -282,10 +290,8 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
     key = (cupy.cuda.runtime.getDevice(), filename, name, tuple(options), cooperative)
     function = _function_cache.get(key)
     if function is None:
-        names = None if name_expressions is None else tuple(name_expressions)
-        module = get_module(filename, options, names, cooperative)
+        module, stamp = _module_entry(filename, options, name_expressions, cooperative)
         # the module compiles (or loads CuPy's cached binary) at its first kernel
-        stamp = _stamp(cupy, filename, options, names, cooperative)
         function = compile_announced(stamp, lambda: module.get_function(name),
                                      arch=cupy.cuda.Device().compute_capability)
         _function_cache[key] = function
@@ -295,24 +301,6 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
 def cache_dir() -> Path:
     """Where the package keeps its per-machine stamps (``KDTREE_GPU_CACHE_DIR``)."""
     return Path(os.environ.get("KDTREE_GPU_CACHE_DIR") or Path.home() / ".cache" / "kdtree_gpu")
-
-
-def _stamp(cupy, filename, options, names, cooperative) -> Path:
-    """The stamp file of one module on this machine's GPU and software."""
-    memo = (cupy.cuda.runtime.getDevice(), filename, tuple(options), names, cooperative)
-    stamp = _stamps.get(memo)
-    if stamp is None:
-        stamp = _stamps[memo] = cache_dir() / "gpu_modules" / _module_digest(
-            cupy, filename, options, names, cooperative)
-    return stamp
-
-
-def _module_digest(cupy, filename, options, names, cooperative) -> str:
-    key = repr((hashlib.sha1(read_source(filename).encode()).hexdigest(), filename,
-                compile_options(options), names, cooperative,
-                cupy.cuda.Device().compute_capability, cupy.__version__,
-                cupy.cuda.nvrtc.getVersion()))
-    return hashlib.sha1(key.encode()).hexdigest()
 
 
 def compile_announced(stamp: Path, compile_, arch: str = ""):
@@ -327,7 +315,7 @@ def compile_announced(stamp: Path, compile_, arch: str = ""):
     What ``compile_()`` returns.
     """
     global _announced
-    known = stamp in _compiled_modules or stamp.exists()
+    known = stamp.exists()
     if not known and not _announced:
         _announced = True
         print(GPU_COMPILE_MESSAGE.format(arch=arch), file=sys.stderr, flush=True)
@@ -338,7 +326,6 @@ def compile_announced(stamp: Path, compile_, arch: str = ""):
             stamp.touch()
         except OSError:
             pass
-    _compiled_modules.add(stamp)
     return result
 
 
@@ -346,7 +333,6 @@ def clear_cache() -> None:
     """Forget every compiled module and function (sources are re-read next time)."""
     _module_cache.clear()
     _function_cache.clear()
-    _stamps.clear()
 
 
 def find_nvcc() -> Optional[str]:

@@ -103,7 +103,6 @@ def test_float_constants_are_exact_hex_literals():
 
 def test_first_compile_on_a_machine_says_so_once(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernels, "_announced", False)
-    monkeypatch.setattr(kernels, "_compiled_modules", set())
     calls = []
     first, second = tmp_path / "gpu_modules" / "a", tmp_path / "gpu_modules" / "b"
     assert kernels.compile_announced(first, lambda: calls.append(1) or "module", arch="90") \
@@ -115,7 +114,6 @@ def test_first_compile_on_a_machine_says_so_once(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == "" and second.exists()
     # a later process (fresh flags) finds the stamps: no message
     monkeypatch.setattr(kernels, "_announced", False)
-    monkeypatch.setattr(kernels, "_compiled_modules", set())
     kernels.compile_announced(first, lambda: calls.append(3))
     assert capsys.readouterr().err == ""
     assert calls == [1, 2, 3]
@@ -123,7 +121,6 @@ def test_first_compile_on_a_machine_says_so_once(tmp_path, monkeypatch, capsys):
 
 def test_unwritable_stamp_directory_is_not_an_error(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(kernels, "_announced", False)
-    monkeypatch.setattr(kernels, "_compiled_modules", set())
     blocker = tmp_path / "file"
     blocker.write_text("")
     assert kernels.compile_announced(blocker / "gpu_modules" / "a", lambda: 7) == 7
@@ -146,14 +143,12 @@ def test_gpu_build_on_a_new_machine_announces_its_compile_once(tmp_path, monkeyp
     F = np.array([[0, 1, 2]], np.int32)
     monkeypatch.setenv("KDTREE_GPU_CACHE_DIR", str(tmp_path))  # a machine with no stamps
     monkeypatch.setattr(kernels, "_announced", False)
-    monkeypatch.setattr(kernels, "_compiled_modules", set())
     kernels.clear_cache()
     kd.build(V, F, device="cuda")
     assert capsys.readouterr().err.count("compiling GPU kernels") == 1
     assert list((tmp_path / "gpu_modules").iterdir())
     # a later process on the same machine: stamps found, nothing said
     monkeypatch.setattr(kernels, "_announced", False)
-    monkeypatch.setattr(kernels, "_compiled_modules", set())
     kernels.clear_cache()
     kd.build(V, F, device="cuda")
     assert "compiling" not in capsys.readouterr().err
