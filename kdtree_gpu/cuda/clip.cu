@@ -281,12 +281,7 @@ extern "C" __global__ void kd_clip_place_new(const unsigned long long* __restric
     long long ref = copy_ref[c];
     unsigned long long key = kd_clip_local_key(pos, kind, ref, seg, num_children,
                                                child_ref_offset);
-    long long lo = kept_offset[seg], hi = kept_offset[seg + 1];
-    while (lo < hi) {
-        long long mid = lo + (hi - lo) / 2;
-        if (kept_key[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
+    long long lo = kd_lower_bound(kept_key, kept_offset[seg], kept_offset[seg + 1], key);
     place[r] = lo;
     long long dst = lo + r;
     out.event_pos[dst] = pos;
@@ -309,13 +304,8 @@ extern "C" __global__ void kd_clip_place_kept(KdEvents kept, long long num_kept,
 {
     long long e = kd_tid();
     if (e < num_kept) {
-        long long lo = 0, hi = num_new;  // upper bound of e in place
-        while (lo < hi) {
-            long long mid = lo + (hi - lo) / 2;
-            if (place[mid] <= e) lo = mid + 1;
-            else hi = mid;
-        }
-        long long dst = e + lo;
+        // the new events placed at or before e: place's upper bound of e
+        long long dst = e + kd_lower_bound(place, 0ll, num_new, e + 1);
         out.event_pos[dst] = kept.event_pos[e];
         out.event_kind[dst] = kept.event_kind[e];
         out.event_ref[dst] = kept.event_ref[e];
@@ -323,12 +313,6 @@ extern "C" __global__ void kd_clip_place_kept(KdEvents kept, long long num_kept,
     }
     if (e <= num_segments) {
         unsigned long long first = (unsigned long long)e << KD_CLIP_SEG_SHIFT;
-        long long lo = 0, hi = num_new;  // lower bound of segment e in sorted_key
-        while (lo < hi) {
-            long long mid = lo + (hi - lo) / 2;
-            if (sorted_key[mid] < first) lo = mid + 1;
-            else hi = mid;
-        }
-        out_offset[e] = kept_offset[e] + lo;
+        out_offset[e] = kept_offset[e] + kd_lower_bound(sorted_key, 0ll, num_new, first);
     }
 }

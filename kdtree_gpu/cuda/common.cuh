@@ -24,6 +24,21 @@ __device__ __forceinline__ unsigned int kd_ordered_bits32(float x)
     return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
 }
 
+// The first index in [lo, hi) whose value is not below key (hi if none), in
+// values ascending there: the binary search of every lower bound on the device
+// (kdtree_gpu.primitives.lower_bound and segmented_lower_bound).
+template <typename T>
+__device__ __forceinline__ long long kd_lower_bound(const T* values, long long lo, long long hi,
+                                                    T key)
+{
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (values[mid] < key) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 // Inverse of kd_ordered_bits32 (kdtree_gpu.primitives.ordered_uint_to_float).
 __device__ __forceinline__ float kd_float_from_ordered_bits32(unsigned int bits)
 {

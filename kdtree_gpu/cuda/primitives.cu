@@ -162,12 +162,5 @@ extern "C" __global__ void kd_segmented_lower_bound_u64(const unsigned long long
     long long q = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (q >= num_queries) return;
     long long s = query_segment[q];
-    long long lo = offsets[s], hi = offsets[s + 1];
-    unsigned long long key = queries[q];
-    while (lo < hi) {
-        long long mid = lo + (hi - lo) / 2;
-        if (values[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
-    out[q] = lo;
+    out[q] = kd_lower_bound(values, offsets[s], offsets[s + 1], queries[q]);
 }
