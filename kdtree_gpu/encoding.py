@@ -79,9 +79,32 @@ LOOP_NEED_REFS = 9  # references
 LOOP_NEED_EVENTS = 10  # and events,
 LOOP_NEED_TREE_NODES = 11  # tree nodes including the level's own,
 LOOP_NEED_LEAF_REFS = 12  # leaf_tris entries including the level's own
-LOOP_SLOTS = 13
+LOOP_DEFER_NEXT = 13  # small nodes deferred so far, all launches (the next record's index)
+LOOP_DEFER_LEVEL = 14  # small nodes deferred by the current level
+LOOP_NEED_DEFERRED = 15  # deferral records the stopped level needs, its own included
+LOOP_SLOTS = 16
 LOOP_DONE = 0
 LOOP_STOPPED = 1
+
+# --- small-node subtrees (builder.gpu.small) ------------------------------------
+# A node the level loop would split that holds at most GpuSettings.small_refs
+# (<= SMALL_MAX_REFS) references is deferred: the loop writes it as a leaf and a
+# record of SMALL_RECORD int32 (tree node, depth, start and count of its
+# references, box lo and hi as float bits); its subtree is then built one warp
+# per node, one launch per level, from records of the same layout.
+SMALL_MAX_REFS = 64  # two references per lane of a warp
+SMALL_RECORD = 10
+SMALL_BLOCK = 128  # threads of the subtree kernel: four warps, one node each
+SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scratch
+# int64 counters of the subtree kernel: tree nodes and leaf_tris entries
+# written, an overflow flag, the deepest leaf, and the leaf_tris entries the
+# deferred nodes' level-loop leaves leave unused
+SMALL_NODES = 0
+SMALL_LEAVES = 1
+SMALL_OVERFLOW = 2
+SMALL_DEPTH = 3
+SMALL_HOLES = 4
+SMALL_COUNTERS = 5
 
 # --- summary record of mesh preparation (kd_prepare_triangles) ----------------
 # uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,

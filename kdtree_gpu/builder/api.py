@@ -183,7 +183,6 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
         with _out_of_memory_is_memory_error(xp, F.shape[0]):
             arrays, layout, info = build_levels_cuda(
                 xp, cfg, V, F, loop="grid" if kernels == "fused" else "stages", settings=settings)
-        info["depth"] = info["levels"] - 1
         tree = KdTree(**arrays, bounds=xp.asarray(info.pop("bounds")), config=cfg,
                       num_degenerate=info.pop("num_degenerate"),
                       build_info={"builder": "levels", **info})

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from .. import encoding as enc
+
 
 def default_loop_capacity(num_events: int, num_refs: int) -> tuple:
     """Capacities of the level loop's first buffers, from the start level's sizes.
@@ -53,12 +55,33 @@ class GpuSettings:
         ``(num_events, num_refs) -> (cap_events, cap_refs, cap_nodes,
         cap_tree)``: the first buffers of the level loop
         (:func:`default_loop_capacity`).
+    small_refs : int
+        A node the level-loop kernel would split that holds at most this
+        many references (0 .. ``encoding.SMALL_MAX_REFS``) is deferred, and
+        its subtree is built afterwards, one warp per node and one launch per
+        level (:mod:`kdtree_gpu.builder.gpu.small`); 0 builds every level in
+        the loop (the default: measured on an H200 the subtree kernel's
+        per-node search, quadratic in the references, costs more than the
+        loop's levels it replaces, 1.1-1.6x the whole build on the bunny,
+        armadillo and conference meshes).
+    small_records : int
+        Records of deferred nodes the first buffer holds (0: a quarter of the
+        root's references, at least 1024); the loop stops and is launched
+        again with twice what it needs when they run out.
     """
 
     level_loop: bool = True
     loop_max_events: int = 1 << 23
     small_level: int = 1 << 16
     loop_capacity: object = default_loop_capacity
+    small_refs: int = 0
+    small_records: int = 0
+
+    def __post_init__(self):
+        if (isinstance(self.small_refs, bool) or not isinstance(self.small_refs, int)
+                or not 0 <= self.small_refs <= enc.SMALL_MAX_REFS):
+            raise ValueError(f"GpuSettings.small_refs must be an integer in "
+                             f"[0, {enc.SMALL_MAX_REFS}], got {self.small_refs!r}")
 
 
 DEFAULT_SETTINGS = GpuSettings()

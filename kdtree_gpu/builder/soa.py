@@ -221,6 +221,7 @@ class LoopCapacity(ScalarStruct):
     nodes: int = scalar_field(np.int64)
     tree_nodes: int = scalar_field(np.int64)
     leaf_refs: int = scalar_field(np.int64)
+    deferred: int = scalar_field(np.int64)  # records of deferred small nodes
 
 
 @dataclasses.dataclass
@@ -236,6 +237,7 @@ class LoopSettings(ScalarStruct):
     k_traversal: float = scalar_field(np.float64)
     k_intersect: float = scalar_field(np.float64)
     empty_bonus: float = scalar_field(np.float64)
+    small_refs: int = scalar_field(np.int64)  # nodes to split with at most this many refs are deferred (0: none)
 
 
 # Every struct the CUDA sources see, in dependency order (kdtree_gpu.kernels

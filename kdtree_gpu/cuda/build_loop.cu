@@ -116,6 +116,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                      KdLevelScratch s,  // the level's scratch arrays, sized by the capacities
                      long long* block_sum,    // (3, gridDim.x)
                      KdTreeNodes out, int* leaf_tris,  // the tree
+                     int* deferred,  // (cap.deferred, KD_SMALL_RECORD) small nodes left for later
                      KdLoopCapacity cap, KdLoopSettings cfg,
                      long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
 {
@@ -154,6 +155,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_items = num_refs > num_events ? num_refs : num_events;
 
         // compute_split_costs (R5-R7)
+        if (leader) status[KD_LOOP_DEFER_LEVEL] = 0;
         kd_grid_for(3 * n, [&](long long i) {
             if (i < 3 * n) {
                 s.seg_min_cost[i] = KD_INF_BITS;
@@ -178,7 +180,20 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         KdSelectArgs select = {s.seg_best, s.event_cost, pos, s.event_side, node_ref_offset, n,
                                leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
                                s.best_pos, s.best_side, s.node_split, s.split_leaf};
-        kd_grid_for(n, [&](long long i) { if (i < n) kd_select_node(select, i); });
+        kd_grid_for(n, [&](long long i) {
+            if (i >= n) return;
+            kd_select_node(select, i);
+            // A small node to split is deferred: a leaf here (its references
+            // go to leaf_tris as any leaf's), its subtree built later by one
+            // warp (build_small.cu) with the same rules.
+            long long n_all = node_ref_offset[i + 1] - node_ref_offset[i];
+            if (s.node_split[i] && n_all <= cfg.small_refs) {
+                s.node_split[i] = false;
+                s.split_leaf[i + 1] = n_all << 32;
+                s.best_axis[i] = KD_SMALL_DEFERRED_AXIS;
+                atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_LEVEL], 1ull);
+            }
+        });
         kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) s.child_count[i] = 0; });
         grid.sync();
         // classify_triangles (R9), beside the first half of the scan of the
@@ -216,7 +231,10 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_split = KD_LOW(sl), num_leaf_refs = KD_HIGH(sl);
         const long long num_child_refs = child_ref_offset[2 * num_split];
         const long long num_child_events = child_event_offset[6 * num_split];
+        const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
+                                        + *(volatile long long*)&status[KD_LOOP_DEFER_LEVEL];
         const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
+                          && need_deferred <= cap.deferred
                           && num_child_events <= cap_events
                           && num_child_events <= cfg.max_level_events
                           && level_base + n <= cap.tree_nodes
@@ -230,6 +248,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                 status[KD_LOOP_NEED_EVENTS] = num_child_events;
                 status[KD_LOOP_NEED_TREE_NODES] = level_base + n;
                 status[KD_LOOP_NEED_LEAF_REFS] = leaf_ref_base + num_leaf_refs;
+                status[KD_LOOP_NEED_DEFERRED] = need_deferred;
             }
             return;
         }
@@ -239,7 +258,22 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         KdEmitArgs emit = {s.node_split, s.best_axis, s.best_pos, s.split_leaf_ex, lo, hi, n,
                            level_base, leaf_ref_base, out.node_axis, out.node_split,
                            out.node_child, out.node_count, child_lo, child_hi};
-        kd_grid_for(n, [&](long long i) { kd_emit_node(emit, i); });
+        kd_grid_for(n, [&](long long i) {
+            kd_emit_node(emit, i);
+            if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS) {
+                long long slot = (long long)atomicAdd(
+                    (unsigned long long*)&status[KD_LOOP_DEFER_NEXT], 1ull);
+                int* rec = deferred + slot * KD_SMALL_RECORD;
+                rec[0] = (int)(level_base + i);
+                rec[1] = (int)level;
+                rec[2] = (int)(leaf_ref_base + KD_HIGH(s.split_leaf_ex[i]));
+                rec[3] = (int)(node_ref_offset[i + 1] - node_ref_offset[i]);
+                for (int k = 0; k < 3; ++k) {
+                    rec[4 + k] = __float_as_int(lo[3 * i + k]);
+                    rec[7 + k] = __float_as_int(hi[3 * i + k]);
+                }
+            }
+        });
         float* child_pos = lvl_events.event_pos + nxt * cap_events;
         signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
         int* child_ref = lvl_events.event_ref + nxt * cap_events;

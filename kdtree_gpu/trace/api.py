@@ -195,8 +195,11 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
         import cupy
 
         current = cupy.cuda.runtime.getDevice() == dev.index
+        direct = _kernel_out(cupy, out, any_hit, origins) if current else None
         with (contextlib.nullcontext() if current else dev.use()), _stream_of(origins):
-            results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check)
+            results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
+        if direct is not None:
+            return (out,) if any_hit and not isinstance(out, (tuple, list)) else tuple(out)
         if out is None and is_device_array(origins) and current:
             return results  # CuPy in, CuPy out, on the current device: nothing to convert
     if out is not None:
@@ -264,7 +267,32 @@ def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):
     return (results,) if any_hit else results
 
 
-def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check):
+def _kernel_out(cupy, out, any_hit, origins):
+    """``out`` as the kernel's outputs (a HitSoA) when it can write them in place.
+
+    That is: CuPy arrays of the query's dtypes, one per ray, C-contiguous, on
+    the current device. Anything else (other libraries, shapes to report)
+    returns ``None`` and goes through :func:`_write_out`.
+    """
+    from .soa import HitSoA
+
+    if out is None or not is_device_array(origins):
+        return None
+    arrays = (out,) if any_hit and not isinstance(out, (tuple, list)) else tuple(out)
+    dtypes = (np.bool_,) if any_hit else (np.float32, np.int32, np.float32, np.float32)
+    n = origins.shape[0] if origins.ndim == 2 else 1
+    device = cupy.cuda.runtime.getDevice()
+    if len(arrays) != len(dtypes) or not all(
+            isinstance(a, cupy.ndarray) and a.dtype == dt and a.shape == (n,)
+            and a.flags.c_contiguous and a.device.id == device
+            for a, dt in zip(arrays, dtypes)):
+        return None
+    if any_hit:
+        return HitSoA.of(hit_any=arrays[0])
+    return HitSoA.of(hit_t=arrays[0], hit_tri=arrays[1], hit_u=arrays[2], hit_v=arrays[3])
+
+
+def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
     import cupy
 
     from .gpu import bad_ray_record, trace
@@ -275,7 +303,7 @@ def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check):
         raise ValueError(f"too many rays for one launch: {n}")
     t0, t1 = (_interval(cupy, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
     status = cupy.zeros(2, dtype=np.uint64) if check else None
-    hits = trace(tree, O, D, t0, t1, any_hit=any_hit, status=status)
+    hits = trace(tree, O, D, t0, t1, any_hit=any_hit, out=out, status=status)
     if check:
         # the one device-to-host read of a checked query: the bad-ray record
         count, first, kind = bad_ray_record(status)
@@ -322,7 +350,9 @@ def intersect(tree, origins, directions, tmin=0.0, tmax=np.inf, *, out=None, che
         kernel as it is (no array is made).
     out : tuple of 4 arrays, optional
         Preallocated ``(t, tri, u, v)`` to write into (the path tracer uses
-        it); returned.
+        it); returned. CuPy arrays of the result dtypes on the rays' device
+        are written by the kernel itself (so after a ``ValueError`` for bad
+        rays they hold the results, bad rays as misses); others get a copy.
     check : bool
         Raise ``ValueError`` naming the first bad ray (one small read after
         the launch on the GPU); ``False``: bad rays are misses and nothing

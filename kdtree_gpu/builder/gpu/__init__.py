@@ -8,6 +8,8 @@
   for all of them, every size kept on the device);
 * :mod:`.level_stages`: larger levels (and every level on devices without
   cooperative launch) with one launch per stage;
+* :mod:`.small`: the subtrees of the small nodes the level loop deferred, one
+  warp each;
 * :mod:`.output`: the tree's node records and leaf lists on the device;
 * finally the traversal layout, packed on the device
   (:func:`kdtree_gpu.trace.gpu.pack_layout`): the tree stays on the GPU.
@@ -29,6 +31,7 @@ from .level_loop import build_levels_grid, level_loop_kernel
 from .level_stages import build_level_stages
 from .output import TreeOutput
 from .root import create_root_events_cuda, prepare_mesh_cuda
+from .small import build_small_subtrees
 
 
 @dataclasses.dataclass
@@ -46,6 +49,8 @@ class LoopState:
     peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
     launches: int = 0  # launches of the level-loop kernel
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
+    deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
+    num_deferred: int = 0
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
@@ -79,7 +84,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
         ran, else "stages"), loop_launches, stage_levels (the levels run with
-        one launch per stage), num_degenerate, bounds, peak_device_bytes.
+        one launch per stage), small_subtrees (nodes whose subtree one warp
+        built), depth, num_degenerate, bounds, peak_device_bytes.
     """
     pool = cp.get_default_memory_pool()
     peak = pool.used_bytes()
@@ -106,8 +112,10 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             # The loop stopped at a level whose children are too large for it.
         state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
                                    (V_d, F_d))
-    peak = max(peak, state.peak_bytes)
-    del tri_lo, tri_hi, state.events, state.refs, state.nodes
+    del state.events, state.refs, state.nodes
+    small_depth = build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
+    peak = max(peak, state.peak_bytes, pool.used_bytes())
+    del tri_lo, tri_hi
     with stage(xp=cp, description="traversal layout"):
         arrays = out.finish(state.level_base, state.leaf_ref_base)
         layout = pack_layout(cp, *(arrays[name] for name in (
@@ -116,5 +124,6 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "stage_levels": state.stage_levels,
+            "small_subtrees": state.num_deferred, "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
     return arrays, layout, info

@@ -75,6 +75,10 @@ class LevelBuffers:
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings):
     """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
+    Small nodes the loop would split are deferred (``settings.small_refs``):
+    written as leaves here, with a record in ``state.deferred`` for
+    :func:`.small.build_small_subtrees`.
+
     When a level's children (or its part of the tree) would not fit, the
     kernel stops before that level writes anything and says what it needs;
     the loop is launched again from that level with buffers twice that size,
@@ -112,20 +116,27 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     loop_settings = LoopSettings(
         max_level_events=max_events, max_depth=max_depth, leaf_size=cfg.leaf_size,
         longest_only=int(cfg.axes == "longest"), k_traversal=cfg.k_traversal,
-        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus).struct()
+        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
+        small_refs=settings.small_refs).struct()
+    if state.deferred is None:
+        records = settings.small_records or max(1024, state.refs.size // 4)
+        state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         buffers = LevelBuffers(cp, cap_e, cap_r, cap_n)
         start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
                            num_events=state.events.size, level=state.level,
                            level_base=state.level_base, leaf_ref_base=state.leaf_ref_base)
         capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
-                                tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity)
-        status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+                                tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity,
+                                deferred=state.deferred.shape[0])
+        status = np.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+        status[enc.LOOP_DEFER_NEXT] = state.num_deferred
+        status = cp.asarray(status)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
                 start.struct(), buffers.events.struct(), buffers.refs.struct(),
                 buffers.nodes.struct(), buffers.scratch.struct(), block_sum, out.nodes.struct(),
-                out.leaf, capacity.struct(), loop_settings, status),
+                out.leaf, state.deferred, capacity.struct(), loop_settings, status),
                block=enc.LOOP_BLOCK)
         state.launches += 1
         state.peak_bytes = max(state.peak_bytes, pool.used_bytes())
@@ -138,6 +149,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         state.level = level
         state.level_base = int(record[enc.LOOP_LEVEL_BASE])
         state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
+        state.num_deferred = int(record[enc.LOOP_DEFER_NEXT])
         if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
             state.done = True
             return state
@@ -154,3 +166,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
                     2 * int(record[enc.LOOP_NEED_LEAF_REFS]))
+        need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
+        if need_deferred > state.deferred.shape[0]:
+            grown = cp.empty((2 * need_deferred, enc.SMALL_RECORD), dtype=np.int32)
+            grown[:state.num_deferred] = state.deferred[:state.num_deferred]
+            state.deferred = grown

@@ -41,7 +41,8 @@ class TreeOutput:
         self.leaf = self._grow(self.leaf, num_leaf_refs)
 
     def finish(self, num_nodes: int, num_leaf_refs: int) -> dict:
-        """The tree's device arrays at their exact sizes (copies: the buffers are freed).
+        """The tree's device arrays at their exact sizes (copies, so the buffers are
+        freed; a leaf list already of its size is kept).
 
         Returns
         -------
@@ -50,6 +51,7 @@ class TreeOutput:
             leaf_tris (num_leaf_refs,), CuPy arrays.
         """
         arrays = {name: a[:num_nodes].copy() for name, a in self.nodes.arrays().items()}
-        arrays["leaf_tris"] = self.leaf[:num_leaf_refs].copy()
+        leaf = self.leaf
+        arrays["leaf_tris"] = leaf if leaf.shape[0] == num_leaf_refs else leaf[:num_leaf_refs].copy()
         self.nodes = self.leaf = None
         return arrays

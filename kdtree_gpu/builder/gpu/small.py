@@ -1,0 +1,129 @@
+"""Small-node subtrees: one warp per node, one launch per level (``cuda/build_small.cu``).
+
+Past the first levels a tree is mostly tiny nodes, and every level costs the
+level loop a dozen grid barriers and passes over all its events however
+little it holds. The loop therefore defers each node it would split that
+holds at most ``settings.small_refs`` references
+(:func:`.level_loop.build_levels_grid`): it writes the node as a leaf of its
+references and a record of it. This stage builds those nodes' subtrees by the
+same rules (the kernel's header says why its brute-force counts equal the
+level stages' event scans), level by level with one warp per node and no
+events, appending node pairs and leaves to the tree; then it packs the leaf
+lists so that the deferred nodes' old leaf ranges leave no gaps.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ... import encoding as enc
+from ...kernels import get_function
+from ...launch import launch, stage
+from ..soa import LoopSettings
+
+_SOURCE = "build_small.cu"
+WARPS_PER_SM = 32  # resident warps of the level kernel per multiprocessor (grid-strided)
+
+
+def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
+    """Build the subtrees of the nodes the level loop deferred.
+
+    One launch per level that can exist (``max_depth`` levels below the
+    shallowest possible root), queued without reading anything back: each
+    launch reads its level's size on the device, and a level without nodes
+    returns at once. One read at the end gives the tree's sizes.
+
+    Parameters
+    ----------
+    tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    state : LoopState
+        After the last level: ``deferred``/``num_deferred`` hold the records,
+        ``level_base``/``leaf_ref_base`` what the levels wrote. Updated to
+        the tree's final sizes.
+    out : TreeOutput
+        Grown when the subtrees outgrow it; its leaf list is packed.
+    max_depth : int
+    settings : GpuSettings
+
+    Returns
+    -------
+    int
+        The depth of the deepest leaf of the subtrees (-1 without any).
+    """
+    num = state.num_deferred
+    if num == 0:
+        return -1
+    kernel = get_function(_SOURCE, "kd_build_small_level")
+    loop_settings = LoopSettings(
+        max_level_events=0, max_depth=max_depth, leaf_size=cfg.leaf_size,
+        longest_only=int(cfg.axes == "longest"), k_traversal=cfg.k_traversal,
+        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
+        small_refs=settings.small_refs).struct()
+    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    per_block = enc.SMALL_BLOCK // 32
+    blocks = (min(num, WARPS_PER_SM * sms) + per_block - 1) // per_block
+    start = np.zeros(enc.SMALL_COUNTERS, dtype=np.int64)
+    start[enc.SMALL_NODES], start[enc.SMALL_LEAVES] = state.level_base, state.leaf_ref_base
+    levels = max_depth + 1  # every depth a deferred node's descendant can have
+    # The deferred nodes' references are some of the leaf entries written so
+    # far; a level below them seldom holds twice as many, and a node without
+    # references is written as a leaf at once, so most nodes hold two or more.
+    cap_refs = 2 * state.leaf_ref_base + 1024
+    cap_recs = cap_refs // 2 + 1024
+    # Room for the subtrees (a run that overflows is run again): their leaves
+    # hold the deferred references a few times over, and there are about as
+    # many nodes as leaf entries.
+    out.reserve(state.level_base + 4 * state.leaf_ref_base + 1024,
+                4 * state.leaf_ref_base + 1024)
+    while True:
+        records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
+        refs = cp.empty((2, cap_refs), dtype=np.int32)
+        counts = np.zeros(2 * (levels + 1), dtype=np.int64)
+        counts[0] = num
+        level_count = cp.asarray(counts)
+        counters = cp.asarray(start)
+        tree_nodes = out.nodes.struct()
+        with stage(xp=cp, description="small subtrees"):
+            for level in range(levels):
+                roots = level == 0
+                src = 1 - level % 2  # level L reads buffer 1 - L % 2 (the roots: the records)
+                kernel((blocks,), (enc.SMALL_BLOCK,),
+                       (tri_lo, tri_hi, state.deferred if roots else records[src],
+                        out.leaf if roots else refs[src], np.int32(roots),
+                        level_count[2 * level:], records[level % 2], refs[level % 2],
+                        np.int64(cap_recs), np.int64(cap_refs), tree_nodes, out.leaf,
+                        np.int64(out.node_capacity), np.int64(out.leaf_capacity),
+                        loop_settings, counters))
+            # one read: the tree's sizes (and whether every buffer had room)
+            result = counters.get()
+        if not result[enc.SMALL_OVERFLOW]:
+            break
+        out.reserve(2 * out.node_capacity, 2 * out.leaf_capacity)
+        cap_recs, cap_refs = 2 * cap_recs, 2 * cap_refs
+    del records, refs
+    num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
+    packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
+    with stage(xp=cp, description="small subtrees: pack leaves"):
+        out.leaf = pack_leaves(cp, out, num_nodes, packed)
+    state.level_base, state.leaf_ref_base = num_nodes, packed
+    return int(result[enc.SMALL_DEPTH])
+
+
+def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
+    """The leaf list without unused entries, leaves pointed at their new ranges.
+
+    Returns
+    -------
+    (num_leaf_refs,) cupy int32
+    """
+    from ...primitives import inclusive_scan
+
+    counts = cp.empty(num_nodes + 1, dtype=np.int64)
+    nodes = out.nodes.struct()
+    launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
+           (nodes, np.int64(num_nodes), counts))
+    offsets = inclusive_scan(counts, description="pack leaves: offsets")
+    packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
+    launch("pack leaves: copy", get_function(_SOURCE, "kd_pack_leaves"), num_nodes,
+           (nodes, np.int64(num_nodes), offsets, out.leaf, packed))
+    return packed

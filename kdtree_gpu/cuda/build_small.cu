@@ -1,0 +1,302 @@
+// Small-node subtrees of the SAH kd-tree builder
+// (kdtree_gpu/builder/gpu/small.py, build_small_subtrees).
+//
+// The level loop (build_loop.cu) defers every node it would split that holds
+// at most small_refs <= KD_SMALL_MAX_REFS references: it writes the node as a
+// leaf of its references and a record (tree node, level, leaf range, box).
+// Here the deferred nodes' subtrees are built level by level, one warp per
+// node and one launch per level, with the rules of the level stages
+// (build_stages.cuh), so the tree is the one the level loop would have built,
+// node for node (only the numbering differs). A level costs one launch, not
+// the loop's dozen grid barriers and event passes.
+//
+// With at most 64 references a node's events need no sort. The run-head
+// counts of kd_split_cost_event, for a plane p of an axis, are
+//   N_L = opens before p        = #{t : lo_t <  p}
+//   N_P = planars at p          = #{t : lo_t == hi_t == p}
+//   N_R = N - closes up to p    = N - #{t : hi_t <= p}
+// (an event is END at hi, START at lo, or PLANAR at lo == hi), counted by each
+// lane for its own candidates over all the node's references. The candidates
+// are the run heads: each distinct event position inside the node's box. The
+// best plane is the minimum of (cost, axis, position), which is the level
+// stages' choice: the lowest event index of an axis' minimum cost is its
+// lowest position, and the lower axis wins ties.
+#include "build_stages.cuh"
+
+#define KD_SMALL_PER_LANE (KD_SMALL_MAX_REFS / 32)
+
+__device__ __forceinline__ bool kd_small_better(double c, int axis, float p, double best_c,
+                                                int best_axis, float best_p)
+{
+    return c < best_c || (c == best_c && (axis < best_axis || (axis == best_axis && p < best_p)));
+}
+
+// v[k] for a run-time k without an indexed (local-memory) load.
+__device__ __forceinline__ float kd_pick3(const float* v, int k)
+{
+    return k == 0 ? v[0] : (k == 1 ? v[1] : v[2]);
+}
+
+struct KdSmallSplit {
+    double cost;
+    int axis;  // 3: no candidate plane
+    float pos;
+    int side;
+};
+
+// compute_split_costs and select_best_splits (R4-R8) for one node of r <= 64
+// references, lane l holding references l and l + 32 (tri < 0: none). Every
+// lane of the warp calls it and gets the node's best plane.
+__device__ __forceinline__ KdSmallSplit kd_small_best_split(
+    const int* tri, const float (*blo)[3], const float (*bhi)[3], int r, const float* nlo,
+    const float* nhi, const KdLoopSettings& cfg)
+{
+    const unsigned full = 0xffffffffu;
+    KdSmallSplit best = {__longlong_as_double(0x7ff0000000000000ll), 3, 0.0f, KD_SIDE_LEFT};
+    double lo_d[3], ext[3];
+    for (int k = 0; k < 3; ++k) {
+        lo_d[k] = (double)nlo[k];
+        ext[k] = __dsub_rn((double)nhi[k], lo_d[k]);
+    }
+    const double area = kd_half_area(ext[0], ext[1], ext[2]);
+    const int longest = kd_longest_axis(nlo, nhi, 0);
+#pragma unroll
+    for (int axis = 0; axis < 3; ++axis) {
+        if (cfg.longest_only && axis != longest) continue;
+        // candidate 2q: lo of reference q, 2q + 1: its hi
+        int n_lo[2 * KD_SMALL_PER_LANE], n_pl[2 * KD_SMALL_PER_LANE], n_cl[2 * KD_SMALL_PER_LANE];
+        for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) n_lo[c] = n_pl[c] = n_cl[c] = 0;
+        for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
+            for (int src = 0; src < 32; ++src) {
+                if (32 * q + src >= r) break;  // the same in every lane
+                float t_lo = __shfl_sync(full, blo[q][axis], src);
+                float t_hi = __shfl_sync(full, bhi[q][axis], src);
+                bool planar = t_lo == t_hi;
+                for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) {
+                    float p = c & 1 ? bhi[c >> 1][axis] : blo[c >> 1][axis];
+                    n_lo[c] += t_lo < p;
+                    n_pl[c] += planar && t_lo == p;
+                    n_cl[c] += t_hi <= p;
+                }
+            }
+        }
+        const float lo_k = nlo[axis], hi_k = nhi[axis];
+        for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) {
+            int q = c >> 1;
+            if (tri[q] < 0) continue;
+            float p = c & 1 ? bhi[q][axis] : blo[q][axis];
+            if ((c & 1) && p == blo[q][axis]) continue;  // planar: one event
+            if (!(p > lo_k && p < hi_k)) continue;
+            long long n_left = n_lo[c], n_planar = n_pl[c];
+            long long n_right = (long long)r - n_cl[c];
+            double ext_l[3] = {ext[0], ext[1], ext[2]};
+            double ext_r[3] = {ext[0], ext[1], ext[2]};
+            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+            double cost_l = kd_split_cost(cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus,
+                                          area_l, area_r, area, n_left + n_planar, n_right);
+            double cost_r = kd_split_cost(cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus,
+                                          area_l, area_r, area, n_left, n_right + n_planar);
+            double cost = cost_l <= cost_r ? cost_l : cost_r;
+            if ((unsigned long long)__double_as_longlong(cost) == KD_INF_BITS) continue;
+            if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos))
+                best = {cost, axis, p, cost_l <= cost_r ? KD_SIDE_LEFT : KD_SIDE_RIGHT};
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
+                              __shfl_xor_sync(full, best.axis, offset),
+                              __shfl_xor_sync(full, best.pos, offset),
+                              __shfl_xor_sync(full, best.side, offset)};
+        if (kd_small_better(other.cost, other.axis, other.pos, best.cost, best.axis, best.pos))
+            best = other;
+    }
+    return best;
+}
+
+__device__ __forceinline__ void kd_small_write_record(int* rec, int node, int depth, long long start,
+                                                      int count, const float* lo, const float* hi)
+{
+    rec[0] = node;
+    rec[1] = depth;
+    rec[2] = (int)start;
+    rec[3] = count;
+    for (int k = 0; k < 3; ++k) {
+        rec[4 + k] = __float_as_int(lo[k]);
+        rec[7 + k] = __float_as_int(hi[k]);
+    }
+}
+
+// One level of the small nodes' subtrees, one warp per node: the nodes of
+// every deferred subtree at the same distance below its root (their depths
+// differ). A node is a record of KD_SMALL_RECORD int32 (tree node, depth,
+// start and count of its references in `in_refs`, box): the deferred nodes'
+// records with their level-loop leaves in leaf_tris first (roots = 1), then
+// the children this kernel writes to `out_rec`/`out_refs` (ping-pong buffers),
+// taking rows from level_count[2 (L + 1)] (records) and [2 (L + 1) + 1]
+// (references); level_count[2 L] is this level's number of records. The
+// host launches it once per possible level with no read in between: a level
+// without nodes returns at once. Tree node pairs and leaf_tris entries come
+// from the counters; when a buffer would overflow, counters[KD_SMALL_OVERFLOW]
+// is set, every later launch returns, and the host runs all levels again with
+// more room (the deferred records and their leaf ranges are only read).
+extern "C" __global__ void __launch_bounds__(KD_SMALL_BLOCK)
+kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                     const int* __restrict__ in_rec, const int* __restrict__ in_refs, int roots,
+                     unsigned long long* level_count, int* __restrict__ out_rec,
+                     int* __restrict__ out_refs, long long rec_capacity, long long ref_capacity,
+                     KdTreeNodes out, int* leaf_tris, long long node_capacity,
+                     long long leaf_capacity, KdLoopSettings cfg, unsigned long long* counters)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const unsigned lanes_below = (1u << lane) - 1u;
+    const long long num_warps = (long long)gridDim.x * (blockDim.x >> 5);
+    volatile unsigned long long* overflow = counters + KD_SMALL_OVERFLOW;
+    if (*overflow) return;
+    const long long num_nodes = (long long)level_count[0];
+    for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < num_nodes;
+         w += num_warps) {
+        const int* rec = in_rec + w * KD_SMALL_RECORD;
+        const int node = rec[0], depth = rec[1], start = rec[2], r = rec[3];
+        float nlo[3], nhi[3];
+        for (int k = 0; k < 3; ++k) {
+            nlo[k] = __int_as_float(rec[4 + k]);
+            nhi[k] = __int_as_float(rec[7 + k]);
+        }
+        int tri[KD_SMALL_PER_LANE];
+        float blo[KD_SMALL_PER_LANE][3], bhi[KD_SMALL_PER_LANE][3];
+        for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
+            int j = lane + 32 * q;
+            tri[q] = j < r ? in_refs[start + j] : -1;
+            for (int k = 0; k < 3; ++k) {
+                blo[q][k] = tri[q] >= 0 ? tri_lo[3 * tri[q] + k] : 0.0f;
+                bhi[q][k] = tri[q] >= 0 ? tri_hi[3 * tri[q] + k] : 0.0f;
+            }
+        }
+        KdSmallSplit best = {0.0, 3, 0.0f, KD_SIDE_LEFT};
+        if (depth < cfg.max_depth && r > cfg.leaf_size)
+            best = kd_small_best_split(tri, blo, bhi, r, nlo, nhi, cfg);
+        const bool split = best.axis < 3 && best.cost < __dmul_rn(cfg.k_intersect, (double)r);
+        // a root's level-loop leaf is replaced: its entries become unused
+        if (lane == 0 && roots) atomicAdd(counters + KD_SMALL_HOLES, (unsigned long long)r);
+        if (!split) {
+            unsigned long long first = 0;
+            if (lane == 0) first = atomicAdd(counters + KD_SMALL_LEAVES, (unsigned long long)r);
+            first = __shfl_sync(full, first, 0);
+            if (first + r > (unsigned long long)leaf_capacity) {
+                if (lane == 0) *overflow = 1;
+                return;
+            }
+            for (int q = 0; q < KD_SMALL_PER_LANE; ++q)
+                if (tri[q] >= 0) leaf_tris[first + lane + 32 * q] = tri[q];
+            if (lane == 0) {
+                out.node_axis[node] = KD_AXIS_LEAF;
+                out.node_split[node] = 0.0f;
+                out.node_child[node] = (int)first;
+                out.node_count[node] = r;
+                atomicMax(counters + KD_SMALL_DEPTH, (unsigned long long)depth);
+            }
+            continue;
+        }
+        // classify_triangles (R9)
+        unsigned cls[KD_SMALL_PER_LANE];
+        int num_left = 0, num_right = 0;
+        for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
+            cls[q] = 0;
+            if (tri[q] >= 0) {
+                float a = kd_pick3(blo[q], best.axis), b = kd_pick3(bhi[q], best.axis);
+                if (a == b && a == best.pos)
+                    cls[q] = best.side == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
+                else if (a >= best.pos) cls[q] = KD_CLASS_RIGHT;
+                else if (b <= best.pos) cls[q] = KD_CLASS_LEFT;
+                else cls[q] = KD_CLASS_BOTH;
+            }
+            num_left += __popc(__ballot_sync(full, cls[q] & KD_CLASS_LEFT));
+            num_right += __popc(__ballot_sync(full, cls[q] & KD_CLASS_RIGHT));
+        }
+        // make_child_nodes: left hi[axis] = p, right lo[axis] = p; children
+        // without references are leaves now, the others the next level's nodes
+        const int live = (num_left > 0) + (num_right > 0);
+        unsigned long long child = 0, slot = 0, first = 0;
+        if (lane == 0) {
+            child = atomicAdd(counters + KD_SMALL_NODES, 2ull);
+            if (live) {
+                slot = atomicAdd(level_count + 2, (unsigned long long)live);
+                first = atomicAdd(level_count + 3, (unsigned long long)(num_left + num_right));
+            }
+        }
+        child = __shfl_sync(full, child, 0);
+        slot = __shfl_sync(full, slot, 0);
+        first = __shfl_sync(full, first, 0);
+        if (child + 2 > (unsigned long long)node_capacity
+            || slot + live > (unsigned long long)rec_capacity
+            || first + num_left + num_right > (unsigned long long)ref_capacity) {
+            if (lane == 0) *overflow = 1;
+            return;
+        }
+        int l = 0, rr = 0;
+        for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
+            unsigned to_left = __ballot_sync(full, cls[q] & KD_CLASS_LEFT);
+            unsigned to_right = __ballot_sync(full, cls[q] & KD_CLASS_RIGHT);
+            if (cls[q] & KD_CLASS_LEFT) out_refs[first + l + __popc(to_left & lanes_below)] = tri[q];
+            if (cls[q] & KD_CLASS_RIGHT)
+                out_refs[first + num_left + rr + __popc(to_right & lanes_below)] = tri[q];
+            l += __popc(to_left);
+            rr += __popc(to_right);
+        }
+        if (lane == 0) {
+            out.node_axis[node] = (signed char)best.axis;
+            out.node_split[node] = best.pos;
+            out.node_child[node] = (int)child;
+            out.node_count[node] = 0;
+            float hi_l[3] = {nhi[0], nhi[1], nhi[2]};
+            float lo_r[3] = {nlo[0], nlo[1], nlo[2]};
+            hi_l[best.axis] = best.pos;
+            lo_r[best.axis] = best.pos;
+            int counts[2] = {num_left, num_right};
+            for (int side = 0; side < 2; ++side) {
+                int c = (int)child + side;
+                if (counts[side] == 0) {
+                    out.node_axis[c] = KD_AXIS_LEAF;
+                    out.node_split[c] = 0.0f;
+                    out.node_child[c] = 0;  // set when the leaves are packed
+                    out.node_count[c] = 0;
+                    atomicMax(counters + KD_SMALL_DEPTH, (unsigned long long)(depth + 1));
+                } else {
+                    kd_small_write_record(out_rec + (slot++) * KD_SMALL_RECORD, c, depth + 1,
+                                          first + (side ? num_left : 0), counts[side],
+                                          side ? lo_r : nlo, side ? nhi : hi_l);
+                }
+            }
+        }
+    }
+}
+
+// Leaf sizes for the scan that packs leaf_tris: counts[i + 1] = node i's
+// triangles if it is a leaf, else 0, after a leading 0.
+extern "C" __global__ void kd_leaf_counts(KdTreeNodes nodes, long long num_nodes,
+                                          long long* __restrict__ counts)
+{
+    long long i = kd_tid();
+    if (i == 0) counts[0] = 0;
+    if (i < num_nodes)
+        counts[i + 1] = nodes.node_axis[i] == KD_AXIS_LEAF ? nodes.node_count[i] : 0;
+}
+
+// Copy every leaf's triangles to its packed offset (the scan of kd_leaf_counts)
+// and point the leaf there: the deferred nodes' level-loop leaves, replaced by
+// their subtrees, leave no unused entries behind.
+extern "C" __global__ void kd_pack_leaves(KdTreeNodes nodes, long long num_nodes,
+                                          const long long* __restrict__ offsets,
+                                          const int* __restrict__ leaf_in,
+                                          int* __restrict__ leaf_out)
+{
+    long long i = kd_tid();
+    if (i >= num_nodes || nodes.node_axis[i] != KD_AXIS_LEAF) return;
+    long long src = nodes.node_child[i], dst = offsets[i];
+    for (int j = 0; j < nodes.node_count[i]; ++j) leaf_out[dst + j] = leaf_in[src + j];
+    nodes.node_child[i] = (int)dst;
+}

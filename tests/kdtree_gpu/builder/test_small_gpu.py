@@ -1,0 +1,101 @@
+"""The small-node stage (``builder/gpu/small.py``, ``cuda/build_small.cu``).
+
+Nodes the level loop would split with at most ``GpuSettings.small_refs``
+references get their whole subtree from one warp; the tree must still be the
+CPU reference's, node for node, with packed leaf lists.
+"""
+
+import numpy as np
+import pytest
+
+import cpu_reference
+import kdtree_gpu as kd
+from kdtree_gpu import SAHConfig
+from kdtree_gpu import encoding as enc
+from kdtree_gpu.builder import GpuSettings
+from kdtree_gpu.trace import intersect_brute
+from kdtree_gpu.testing.rays import assert_same_hits, random_rays
+from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, grid_soup,
+                                       needles_through_clouds, quads, random_scene, soup)
+
+gpu = pytest.mark.gpu
+SMALL = GpuSettings(small_refs=enc.SMALL_MAX_REFS)
+
+
+def test_small_node_stage_is_off_by_default():
+    assert GpuSettings().small_refs == 0
+
+
+@pytest.mark.parametrize("bad", [-1, enc.SMALL_MAX_REFS + 1, True, 2.0])
+def test_small_refs_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="small_refs"):
+        GpuSettings(small_refs=bad)
+
+
+def _scene(seed):
+    rng = np.random.default_rng(4000 + seed)
+    kind = seed % 5
+    if kind == 0:
+        return soup(rng, 500, scale=0.05)
+    if kind == 1:
+        return grid_soup(rng, 400)  # equal positions and planar triangles everywhere
+    if kind == 2:
+        return quads(rng, 80, True)  # duplicates: nodes that never shrink
+    if kind == 3:
+        return needles_through_clouds(rng)  # references that straddle every plane
+    return random_scene(seed)
+
+
+@gpu
+@pytest.mark.parametrize("small_refs", [1, 7, 32, 33, enc.SMALL_MAX_REFS])
+@pytest.mark.parametrize("seed", range(15))
+def test_gpu_small_subtrees_equal_reference(seed, small_refs):
+    V, F = _scene(seed)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    tree = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(small_refs=small_refs))
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    info = tree.build_info
+    assert info["level_loop"] == "grid"
+    without = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(small_refs=0))
+    assert without.build_info["small_subtrees"] == 0
+    # the same tree, hence the same depth, however it was built
+    assert info["depth"] == without.build_info["depth"]
+    assert info["levels"] <= without.build_info["levels"]
+
+
+@gpu
+def test_gpu_small_subtrees_run_again_when_the_output_is_full():
+    # Output buffers as small as the level loop allows: the subtrees overflow
+    # them (the kernel stops, the host grows them and runs it again), and the
+    # deferral records outgrow their one-record buffer (the loop stops and is
+    # launched again).
+    def tight(num_events, num_refs):
+        return num_events, num_refs, 1, 1
+
+    rng = np.random.default_rng(11)
+    V, F = soup(rng, 3000, scale=0.02)
+    settings = GpuSettings(loop_capacity=tight, small_refs=enc.SMALL_MAX_REFS, small_records=1)
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    assert tree.build_info["small_subtrees"] > 1
+    assert tree.build_info["loop_launches"] > 1
+    assert_same_tree(cpu_reference.build(V, F), tree)
+
+
+@gpu
+@pytest.mark.parametrize("axes", ["all", "longest"])
+def test_gpu_small_subtrees_on_a_real_mesh(axes, mesh_path):
+    V, F = kd.load_mesh(mesh_path("stanford_bunny"))
+    cfg = SAHConfig(axes=axes)
+    tree = kd.build(V, F, cfg, device="cuda", settings=SMALL)
+    assert tree.build_info["small_subtrees"] > 0
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+
+
+@gpu
+def test_gpu_small_subtrees_keep_queries_exact(mesh_path):
+    V, F = kd.load_mesh(mesh_path("suzanne"))
+    tree = kd.build(V, F, device="cuda", settings=SMALL)
+    assert tree.build_info["small_subtrees"] > 0
+    O, D, tmin, tmax = random_rays(tree.bounds, 4000, 5)
+    hits = tree.intersect(O, D, tmin, tmax, device="cuda")
+    assert_same_hits(hits, intersect_brute(tree, O, D, tmin=tmin, tmax=tmax, device="cuda"))
