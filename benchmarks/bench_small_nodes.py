@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""The small-node stage against the level loop alone: warm build time per small_refs.
+
+For each mesh, ``kd.build`` on CuPy arrays with ``GpuSettings(small_refs=s)``
+for each ``s`` (0: every level in the level-loop kernel, the default), CUDA
+events around the call, median of ``--repeats`` after a warm-up; beside it the
+number of deferred subtrees, the level-loop levels left, and, from one
+profiled build at the largest ``s``, the time of the level loop and of the
+subtree kernels. Every tree is compared node by node with the ``small_refs=0``
+tree of the same mesh (meshes under ``--compare-max`` triangles).
+
+Writes ``small_nodes_<gpu>.json`` and ``.md`` under ``--out``.
+"""
+
+from __future__ import annotations
+
+from _common import (gpu_benchmark_parser, gpu_slug, gpu_time_ms, md_head, md_row, run_meshes,
+                     start_gpu_benchmark)
+
+MESHES = ["stanford_bunny", "stanford_armadillo", "conference"]
+SETTINGS = [0, 16, 32, 64]
+
+
+def bench_mesh(spec, args):
+    import cupy
+
+    import kdtree_gpu as kd
+    from bench_build import load
+    from kdtree_gpu.builder import GpuSettings
+
+    V, F = load(spec, args.mesh_dir)
+    V, F = cupy.asarray(V), cupy.asarray(F)
+    record = {"mesh": spec, "triangles": int(F.shape[0]), "runs": []}
+    base = None
+    for small in args.small_refs:
+        settings = GpuSettings(small_refs=small)
+        ms, times = gpu_time_ms(lambda: kd.build(V, F, settings=settings), args.repeats, 3)
+        tree = kd.build(V, F, settings=settings)
+        info = tree.build_info
+        run = {"small_refs": small, "ms": ms, "ms_all": times, "levels": info["levels"],
+               "small_subtrees": info["small_subtrees"], "nodes": tree.num_nodes,
+               "refs": tree.num_refs}
+        if base is None:
+            base = tree
+        elif F.shape[0] <= args.compare_max:
+            run["same_tree"] = base.compare(tree) is None
+        record["runs"].append(run)
+    profiled = kd.build(V, F, settings=GpuSettings(small_refs=max(args.small_refs)), profile=True)
+    prof = profiled.build_info["profile"]
+    record["profile_ms"] = {name: prof[name]["total_ms"] for name in
+                            ("build_levels_grid", "small subtrees") if name in prof}
+    record["subtree_stage_runs"] = prof.get("small subtrees", {}).get("launches", 0)
+    return record
+
+
+def markdown(result):
+    lines = [f"# Small-node stage on {result['device']}", "",
+             f"commit `{result['commit']}`, {result['date']}. `kd.build` on CuPy arrays, CUDA "
+             "events, median of repeats after a warm-up; `small_refs=0` is the default (every "
+             "level in the level-loop kernel). Loop / subtrees ms: one profiled build at the "
+             "largest setting (a subtree stage that overflows its buffers runs twice).", ""]
+    lines += md_head("mesh", "triangles", "small_refs", "build ms", "vs 0", "loop levels",
+                     "subtrees", "same tree")
+    for r in result["meshes"]:
+        if "error" in r:
+            lines.append(md_row(r["mesh"], "-", "-", r["error"], "", "", "", ""))
+            continue
+        base = r["runs"][0]["ms"]
+        for run in r["runs"]:
+            same = {True: "yes", False: "NO"}.get(run.get("same_tree"), "-")
+            lines.append(md_row(r["mesh"], f"{r['triangles']:,}", run["small_refs"],
+                                f"{run['ms']:.2f}", f"{run['ms'] / base:.2f}x", run["levels"],
+                                f"{run['small_subtrees']:,}", same))
+    lines += ["", "Profiled build at the largest setting (ms):", ""]
+    lines += md_head("mesh", "level loop", "subtree stage", "subtree stage runs")
+    for r in result["meshes"]:
+        p = r.get("profile_ms", {})
+        lines.append(md_row(r["mesh"], *(f"{p[k]:.2f}" if k in p else "-"
+                                         for k in ("build_levels_grid", "small subtrees")),
+                            r.get("subtree_stage_runs", "-")))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    parser = gpu_benchmark_parser(__doc__, MESHES, repeats=9)
+    parser.add_argument("--small-refs", type=int, nargs="+", default=SETTINGS)
+    parser.add_argument("--compare-max", type=int, default=400_000)
+    args = parser.parse_args(argv)
+    _, device, result = start_gpu_benchmark(__file__, args.peers_dir)
+    return run_meshes(result, args.meshes, lambda m: bench_mesh(m, args), markdown, args.out,
+                      f"small_nodes_{gpu_slug(device)}")
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
