@@ -87,13 +87,14 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             for level in range(levels):
                 roots = level == 0
                 src = 1 - level % 2  # level L reads buffer 1 - L % 2 (the roots: the records)
-                kernel((blocks,), (enc.SMALL_BLOCK,),
+                # a fixed grid of warps, strided over the level's nodes
+                launch("small subtrees: level", kernel, blocks * enc.SMALL_BLOCK,
                        (tri_lo, tri_hi, state.deferred if roots else records[src],
                         out.leaf if roots else refs[src], np.int32(roots),
                         level_count[2 * level:], records[level % 2], refs[level % 2],
                         np.int64(cap_recs), np.int64(cap_refs), tree_nodes, out.leaf,
                         np.int64(out.node_capacity), np.int64(out.leaf_capacity),
-                        loop_settings, counters))
+                        loop_settings, counters), block=enc.SMALL_BLOCK)
             # one read: the tree's sizes (and whether every buffer had room)
             result = counters.get()
         if not result[enc.SMALL_OVERFLOW]:
