@@ -89,20 +89,13 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
             if (!(p > lo_k && p < hi_k)) continue;
             long long n_left = n_lo[c], n_planar = n_pl[c];
             long long n_right = (long long)r - n_cl[c];
-            double ext_l[3] = {ext[0], ext[1], ext[2]};
-            double ext_r[3] = {ext[0], ext[1], ext[2]};
-            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
-            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
-            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
-            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
-            double cost_l = kd_split_cost(cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus,
-                                          area_l, area_r, area, n_left + n_planar, n_right);
-            double cost_r = kd_split_cost(cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus,
-                                          area_l, area_r, area, n_left, n_right + n_planar);
-            double cost = cost_l <= cost_r ? cost_l : cost_r;
+            int side;
+            double cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
+                                        n_right, cfg.k_traversal, cfg.k_intersect,
+                                        cfg.empty_bonus, &side);
             if ((unsigned long long)__double_as_longlong(cost) == KD_INF_BITS) continue;
             if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos))
-                best = {cost, axis, p, cost_l <= cost_r ? KD_SIDE_LEFT : KD_SIDE_RIGHT};
+                best = {cost, axis, p, side};
         }
     }
     for (int offset = 16; offset > 0; offset >>= 1) {

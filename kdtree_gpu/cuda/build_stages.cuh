@@ -143,22 +143,10 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
                 ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
             }
             double area = kd_half_area(ext[0], ext[1], ext[2]);
-            double ext_l[3] = {ext[0], ext[1], ext[2]};
-            double ext_r[3] = {ext[0], ext[1], ext[2]};
-            ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
-            ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
-            double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
-            double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
-            double cost_l = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
-                                          area_r, area, n_left + n_planar, n_right);
-            double cost_r = kd_split_cost(a.k_traversal, a.k_intersect, a.empty_bonus, area_l,
-                                          area_r, area, n_left, n_right + n_planar);
-            if (cost_l <= cost_r) {
-                cost = cost_l;
-            } else {
-                cost = cost_r;
-                side = KD_SIDE_RIGHT;
-            }
+            int plane_side;
+            cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
+                                 a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
+            side = (signed char)plane_side;
         }
         a.event_cost[e] = cost;
         a.event_side[e] = side;

@@ -24,3 +24,27 @@ __device__ __forceinline__ double kd_split_cost(double k_traversal, double k_int
     if (n_left == 0 || n_right == 0) cost = __dmul_rn(cost, empty_bonus);
     return cost;
 }
+
+// The cost of the plane at p on `axis` of a node box (ext: its float64
+// extents, area: its half area) with n_left references below p, n_planar
+// in it and n_right above, the planar ones on the cheaper side (rule R7):
+// *side is KD_SIDE_LEFT when that side costs no more than the right.
+__device__ __forceinline__ double kd_plane_cost(const double* ext, double area, int axis,
+                                                float lo_k, float hi_k, float p,
+                                                long long n_left, long long n_planar,
+                                                long long n_right, double k_traversal,
+                                                double k_intersect, double empty_bonus, int* side)
+{
+    double ext_l[3] = {ext[0], ext[1], ext[2]};
+    double ext_r[3] = {ext[0], ext[1], ext[2]};
+    ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
+    ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+    double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
+    double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
+    double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                  n_left + n_planar, n_right);
+    double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
+                                  n_left, n_right + n_planar);
+    *side = cost_l <= cost_r ? KD_SIDE_LEFT : KD_SIDE_RIGHT;
+    return cost_l <= cost_r ? cost_l : cost_r;
+}
