@@ -22,7 +22,7 @@ from ...launch import launch, stage
 from ..soa import LoopSettings
 
 _SOURCE = "build_small.cu"
-WARPS_PER_SM = 32  # resident warps of the level kernel per multiprocessor (grid-strided)
+WARPS_PER_SM = 32  # warps launched per multiprocessor (about 20 fit at once); each strides over the level
 
 
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
