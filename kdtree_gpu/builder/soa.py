@@ -237,7 +237,8 @@ class LoopSettings(ScalarStruct):
     k_traversal: float = scalar_field(np.float64)
     k_intersect: float = scalar_field(np.float64)
     empty_bonus: float = scalar_field(np.float64)
-    small_refs: int = scalar_field(np.int64)  # nodes to split with at most this many refs are deferred (0: none)
+    # nodes to split with at most this many references are deferred (0: none)
+    small_refs: int = scalar_field(np.int64)
 
 
 # Every struct the CUDA sources see, in dependency order (kdtree_gpu.kernels

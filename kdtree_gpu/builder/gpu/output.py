@@ -52,6 +52,7 @@ class TreeOutput:
         """
         arrays = {name: a[:num_nodes].copy() for name, a in self.nodes.arrays().items()}
         leaf = self.leaf
-        arrays["leaf_tris"] = leaf if leaf.shape[0] == num_leaf_refs else leaf[:num_leaf_refs].copy()
+        exact = leaf.shape[0] == num_leaf_refs
+        arrays["leaf_tris"] = leaf if exact else leaf[:num_leaf_refs].copy()
         self.nodes = self.leaf = None
         return arrays

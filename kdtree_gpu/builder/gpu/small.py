@@ -22,7 +22,8 @@ from ...launch import launch, stage
 from ..soa import LoopSettings
 
 _SOURCE = "build_small.cu"
-WARPS_PER_SM = 32  # warps launched per multiprocessor (about 20 fit at once); each strides over the level
+# warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
+WARPS_PER_SM = 32
 
 
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
