@@ -121,7 +121,7 @@ def optix_table(peers_dir):
         num = [float(c.replace(",", "")) for c in cells[1:]]
         # mesh | triangles | FT build | compaction | FB build | GAS MB | primary | diffuse | any hit
         table[cells[0]] = {"triangles": int(num[0]), "build_ms": num[1], "compact_ms": num[2],
-                           "fast_build_ms": num[3], "primary_mrays": num[5],
+                           "fast_build_ms": num[3], "gas_mb": num[4], "primary_mrays": num[5],
                            "diffuse_mrays": num[6], "occlusion_mrays": num[7]}
     return table
 

@@ -61,8 +61,10 @@ def subdivide(V, F):
     F = np.asarray(F, dtype=np.int64)
     edges = np.concatenate([F[:, [0, 1]], F[:, [1, 2]], F[:, [2, 0]]])
     edges.sort(axis=1)
-    uniq, inverse = np.unique(edges, axis=0, return_inverse=True)
-    mid = (V[uniq[:, 0]] + V[uniq[:, 1]]) / 2
+    # one int64 key per edge: sorts as the (first, second) rows would, far faster
+    keys, inverse = np.unique(edges[:, 0] * len(V) + edges[:, 1], return_inverse=True)
+    first, second = np.divmod(keys, len(V))
+    mid = (V[first] + V[second]) / 2
     m = F.shape[0]
     e01, e12, e20 = (len(V) + inverse.reshape(3, m)).astype(np.int64)
     a, b, c = F.T

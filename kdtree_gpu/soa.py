@@ -58,19 +58,30 @@ class SoA:
     live_field: Optional[str] = None
 
     @classmethod
-    def allocate(cls, xp, n: int, zero: bool = False, **rows):
-        """An SoA of size ``n`` on the backend of ``xp``.
+    def shapes(cls, n: int, **rows) -> dict:
+        """``{field name: (shape, dtype)}`` of an SoA of size ``n``.
 
         ``rows`` overrides the row count of single fields by name.
         """
-        make = xp.zeros if zero else xp.empty
-        arrays = {}
+        shapes = {}
         for f in _fields(cls):
             m = f.metadata
             count = rows.get(f.name, m["scale"] * n + m["extra"])
-            shape = (count,) if m["width"] is None else (count, m["width"])
-            arrays[f.name] = make(shape, dtype=m["dtype"])
-        return cls(**arrays)
+            shapes[f.name] = ((count,) if m["width"] is None else (count, m["width"]), m["dtype"])
+        return shapes
+
+    @classmethod
+    def allocate(cls, xp, n: int, zero: bool = False, make=None, **rows):
+        """An SoA of size ``n`` on the backend of ``xp``.
+
+        ``rows`` overrides the row count of single fields by name; ``make``
+        (``(shape, dtype) -> array``) replaces ``xp.empty`` (for arrays cut
+        from one block).
+        """
+        if make is None:
+            make = xp.zeros if zero else xp.empty
+        return cls(**{name: make(shape, dtype=dtype)
+                      for name, (shape, dtype) in cls.shapes(n, **rows).items()})
 
     def take(self, index):
         """A new SoA holding rows ``index`` (an int array) of every field, in that order."""

@@ -206,6 +206,9 @@ def _out_of_memory_is_memory_error(xp, num_triangles):
         # CuPy's pool raises OutOfMemoryError; CUB's temporary storage a
         # MemoryError ("std::bad_alloc"). Free the cache so the GPU stays usable.
         xp.get_default_memory_pool().free_all_blocks()
+        from .gpu.workspace import release_cached
+
+        release_cached()
         raise MemoryError(
             f"the kd-tree build of {num_triangles} triangles does not fit in GPU memory "
             f"({exc}); try device='cpu' or a smaller mesh") from None

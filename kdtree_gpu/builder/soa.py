@@ -139,16 +139,22 @@ class LevelScratch(SoA):
     event_lr_ex: object = soa_field(np.int64)  # (E + 1)
     child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
 
-    @classmethod
-    def for_capacity(cls, xp, cap_events: int, cap_refs: int, cap_nodes: int) -> "LevelScratch":
-        """Scratch for levels of up to these many events, references and nodes."""
+    @staticmethod
+    def capacity_rows(cap_events: int, cap_refs: int, cap_nodes: int) -> dict:
+        """Rows of each field for levels of up to these many events, references and nodes."""
         e, r, n = cap_events, cap_refs, cap_nodes
-        rows = {"open_close_ex": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
+        return {"open_close_ex": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
                 "event_cost": e, "event_side": e, "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
                 "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "event_lr_ex": e + 1,
                 "child_count": 8 * n + 2}
-        return cls.allocate(xp, 0, **rows)
+
+    @classmethod
+    def for_capacity(cls, xp, cap_events: int, cap_refs: int, cap_nodes: int,
+                     make=None) -> "LevelScratch":
+        """Scratch for levels of up to these many events, references and nodes."""
+        return cls.allocate(xp, 0, make=make,
+                            **cls.capacity_rows(cap_events, cap_refs, cap_nodes))
 
 
 @dataclasses.dataclass

@@ -11,6 +11,8 @@
 * :mod:`.small`: the subtrees of the small nodes the level loop deferred, one
   warp each;
 * :mod:`.output`: the tree's node records and leaf lists on the device;
+* :mod:`.workspace`: the build's temporaries, in a pool given back to the
+  device when the build ends;
 * finally the traversal layout, packed on the device
   (:func:`kdtree_gpu.trace.gpu.pack_layout`): the tree stays on the GPU.
 
@@ -32,6 +34,7 @@ from .level_stages import build_level_stages
 from .output import TreeOutput
 from .root import create_root_events_cuda, prepare_mesh_cuda
 from .small import build_small_subtrees
+from .workspace import Workspace
 
 
 @dataclasses.dataclass
@@ -46,7 +49,7 @@ class LoopState:
     leaf_ref_base: int = 0  # leaf_tris entries written
     level_sizes: list = dataclasses.field(default_factory=list)
     done: bool = False
-    peak_bytes: int = 0  # device memory pool in use at the loop's high-water mark
+    workspace: object = None  # Workspace: the build's device memory
     launches: int = 0  # launches of the level-loop kernel
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
     deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
@@ -85,45 +88,62 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
         ran, else "stages"), loop_launches, stage_levels (the levels run with
         one launch per stage), small_subtrees (nodes whose subtree one warp
-        built), depth, num_degenerate, bounds, peak_device_bytes.
+        built), depth, num_degenerate, bounds, peak_device_bytes (the most
+        device memory the build held at once, mesh and tree included:
+        :class:`.workspace.Workspace`).
+
+    Memory: large temporaries come from the build's workspace pool and go
+    back to the device when the build ends; what the call leaves in the
+    caller's pool is the tree, its traversal layout, the mesh and the small
+    blocks CuPy keeps for the next build.
     """
-    pool = cp.get_default_memory_pool()
-    peak = pool.used_bytes()
-    with stage(xp=cp, description="prepare_mesh"):
-        V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \
-            prepare_mesh_cuda(cp, V, F)
-    num_root = refs.size
-    max_depth = cfg.resolved_max_depth(num_root)
-    with stage(xp=cp, description="create_root_events"):
-        events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
-    state = LoopState(events, refs, nodes)
-    grid_loop = None
-    if loop == "grid" and settings.level_loop and not cfg.clip:
-        # the level-loop kernel does not clip: every clipped level runs by stages
-        grid_loop = level_loop_kernel(cp)
-    cap_tree = settings.loop_capacity(events.size, num_root)[3]
-    out = TreeOutput(cp, cap_tree, cap_tree)
-    while not state.done:
-        if grid_loop is not None and state.events.size <= settings.loop_max_events:
-            state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, grid_loop,
-                                      settings)
-            if state.done:
-                break
-            # The loop stopped at a level whose children are too large for it.
-        state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
-                                   (V_d, F_d))
-    del state.events, state.refs, state.nodes
-    small_depth = build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings)
-    peak = max(peak, state.peak_bytes, pool.used_bytes())
-    del tri_lo, tri_hi
+    # The mesh is part of the result: the caller's allocator, as the tree.
+    V_d, F_d = cp.asarray(V), cp.asarray(F)
+    workspace = Workspace(cp, settings.workspace_block)
+    with workspace:
+        with stage(xp=cp, description="prepare_mesh"):
+            _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \
+                prepare_mesh_cuda(cp, V_d, F_d)
+        num_root = refs.size
+        max_depth = cfg.resolved_max_depth(num_root)
+        with stage(xp=cp, description="create_root_events"):
+            events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
+        state = LoopState(events, refs, nodes, workspace=workspace)
+        del events, refs, nodes  # the state holds the root level while it is needed
+        grid_loop = None
+        if loop == "grid" and settings.level_loop and not cfg.clip:
+            # the level-loop kernel does not clip: every clipped level runs by stages
+            grid_loop = level_loop_kernel(cp)
+        # grown as levels are written (the level loop reserves its share up front)
+        out = TreeOutput(cp, 1024, 1024)
+        while not state.done:
+            if grid_loop is not None and state.events.size <= settings.loop_max_events:
+                state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
+                                          grid_loop, settings)
+                if state.done:
+                    break
+                # The loop stopped at a level whose children are too large for it.
+            state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
+                                       (V_d, F_d))
+        state.events = state.refs = state.nodes = None
+        small_depth = build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
+                                           settings)
+        del tri_lo, tri_hi
+        state.deferred = None  # in the workspace: it must be free when the workspace is given back
+        with stage(xp=cp, description="finish tree"), workspace.outputs():
+            arrays = out.finish(state.level_base, state.leaf_ref_base)
+        del out
+    # The workspace went back to the device: the layout can use its memory.
     with stage(xp=cp, description="traversal layout"):
-        arrays = out.finish(state.level_base, state.leaf_ref_base)
         layout = pack_layout(cp, *(arrays[name] for name in (
             "node_axis", "node_split", "node_child", "node_count", "leaf_tris")), V_d, F_d, bounds)
+    workspace.sample()
     arrays.update(vertices=V_d, faces=F_d)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "stage_levels": state.stage_levels,
             "small_subtrees": state.num_deferred, "depth": max(state.level - 1, small_depth),
-            "bounds": bounds, "num_degenerate": num_degenerate, "peak_device_bytes": int(peak)}
+            "bounds": bounds, "num_degenerate": num_degenerate,
+            # the workspace's and the caller's pool's high-water mark, and the mesh
+            "peak_device_bytes": int(workspace.high_water + V_d.nbytes + F_d.nbytes)}
     return arrays, layout, info

@@ -17,6 +17,7 @@ from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
+from .workspace import BlockCarver
 
 _loop_cache: dict = {}
 
@@ -50,16 +51,25 @@ def level_loop_kernel(cp):
 
 class LevelBuffers:
     """Two levels (ping-pong: slot ``s`` of an array starts at ``s`` times its
-    capacity) and the per-level scratch of the level-loop kernel."""
+    capacity) and the per-level scratch of the level-loop kernel, cut from
+    one device block (:class:`.workspace.BlockCarver`): one allocation, and
+    one block given back when the loop outgrows it."""
 
     def __init__(self, cp, cap_events: int, cap_refs: int, cap_nodes: int):
         self.cap_events, self.cap_refs, self.cap_nodes = cap_events, cap_refs, cap_nodes
-        self.events = EventSoA.allocate(cp, 2 * cap_events)
-        self.refs = RefSoA.allocate(cp, 2 * cap_refs)
         # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
-        self.nodes = NodeSoA.allocate(cp, 2 * cap_nodes, node_ref_offset=2 * (2 * cap_nodes + 1),
-                                      seg_event_offset=2 * (6 * cap_nodes + 1))
-        self.scratch = LevelScratch.for_capacity(cp, cap_events, cap_refs, cap_nodes)
+        node_rows = {"node_ref_offset": 2 * (2 * cap_nodes + 1),
+                     "seg_event_offset": 2 * (6 * cap_nodes + 1)}
+        scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes)
+        shapes = [*EventSoA.shapes(2 * cap_events).values(),
+                  *RefSoA.shapes(2 * cap_refs).values(),
+                  *NodeSoA.shapes(2 * cap_nodes, **node_rows).values(),
+                  *LevelScratch.shapes(0, **scratch_rows).values()]
+        block = BlockCarver(cp, sum(BlockCarver.size(*shape) for shape in shapes))
+        self.events = EventSoA.allocate(cp, 2 * cap_events, make=block.empty)
+        self.refs = RefSoA.allocate(cp, 2 * cap_refs, make=block.empty)
+        self.nodes = NodeSoA.allocate(cp, 2 * cap_nodes, make=block.empty, **node_rows)
+        self.scratch = LevelScratch.allocate(cp, 0, make=block.empty, **scratch_rows)
 
     def level(self, slot: int, n: int, num_refs: int, num_events: int):
         """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``."""
@@ -105,7 +115,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         Done, or the first level whose children are too large for the loop.
     """
     kernel, grid = loop
-    pool = cp.get_default_memory_pool()
+    workspace = state.workspace
+    # Blocks cached from larger levels run by stages cannot hold the loop's
+    # one block: give them back before it is made.
+    workspace.trim()
     max_events = settings.loop_max_events
     cap_e, cap_r, cap_n, cap_tree = settings.loop_capacity(state.events.size, state.refs.size)
     cap_e = max(state.events.size, min(cap_e, max_events))
@@ -119,7 +132,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
         small_refs=settings.small_refs).struct()
     if state.deferred is None:
-        records = settings.small_records or max(1024, state.refs.size // 4)
+        records = settings.small_records or (max(1024, state.refs.size // 4)
+                                             if settings.small_refs else 1)
         state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         buffers = LevelBuffers(cp, cap_e, cap_r, cap_n)
@@ -139,7 +153,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                 out.leaf, state.deferred, capacity.struct(), loop_settings, status),
                block=enc.LOOP_BLOCK)
         state.launches += 1
-        state.peak_bytes = max(state.peak_bytes, pool.used_bytes())
+        workspace.sample()  # both levels, the scratch and the tree: the loop's high-water mark
         with stage(xp=cp, description="read_level_counts"):
             # One read for all the levels of the launch.
             record = status.get()
@@ -154,10 +168,16 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             state.done = True
             return state
         # Stopped at a level: go on from it with buffers twice what it needs.
+        # The level is copied out, so that the old block goes back to the
+        # device before the larger one is made.
         slot = int(record[enc.LOOP_BUFFER])
         if slot >= 0:
-            state.events, state.refs, state.nodes = buffers.level(
+            views = buffers.level(
                 slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
+            state.events, state.refs, state.nodes = (type(v)(*(a.copy() for a in v.args()))
+                                                     for v in views)
+            del views
+        buffers = None
         need_events = int(record[enc.LOOP_NEED_EVENTS])
         if need_events > max_events:
             return state
@@ -171,3 +191,4 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             grown = cp.empty((2 * need_deferred, enc.SMALL_RECORD), dtype=np.int32)
             grown[:state.num_deferred] = state.deferred[:state.num_deferred]
             state.deferred = grown
+        workspace.trim()

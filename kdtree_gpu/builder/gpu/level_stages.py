@@ -62,6 +62,7 @@ def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
                (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
                 i64(3 * n), open_close, seg_min_cost, seg_best))
         open_close_ex = inclusive_scan(open_close, description="compute_split_costs: scan")
+        del open_close  # its block serves the costs below
     event_cost = cp.empty(num_events, dtype=np.float64)
     event_side = cp.empty(num_events, dtype=np.int8)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
@@ -310,6 +311,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     """
     events, refs, nodes = state.events, state.refs, state.nodes
     n, num_refs, num_events = nodes.size, refs.size, events.size
+    state.workspace.begin_level(num_events)
     level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
     state.level_sizes.append((n, num_refs, num_events))
     state.stage_levels.append(level)
@@ -320,6 +322,8 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     best, node_split, split_leaf_ex = select_best_splits_gpu(
         cp, cfg, events, nodes, event_cost, event_side, seg_min_cost, seg_best, level_active,
         small)
+    # Each array is dropped after its last use, so that later stages reuse its memory.
+    del event_cost, event_side, seg_min_cost, seg_best
     box_lo, box_hi = tri_lo, tri_hi
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
@@ -327,6 +331,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
                                                          box_lo, box_hi, cfg.clip)
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
+    del ref_lr, event_lr
     with stage(xp=cp, description="read_level_counts"):
         # The one deliberate device-to-host read per level: sizes of the next level.
         num_split, num_child_refs, num_child_events, num_leaf_refs = (
@@ -344,7 +349,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
             cp, mesh, refs, box_lo, box_hi, ref_class, ref_lr_ex, nodes, split_leaf_ex,
             child_ref_offset, child_nodes, child_events, seg_event_offset, num_split)
     # Both levels' arrays are alive here: the build's high-water mark.
-    state.peak_bytes = max(state.peak_bytes, cp.get_default_memory_pool().used_bytes())
+    state.workspace.sample()
     state.level_base = level_base + n
     state.leaf_ref_base = leaf_ref_base + num_leaf_refs
     state.level = level + 1

@@ -41,8 +41,9 @@ class TreeOutput:
         self.leaf = self._grow(self.leaf, num_leaf_refs)
 
     def finish(self, num_nodes: int, num_leaf_refs: int) -> dict:
-        """The tree's device arrays at their exact sizes (copies, so the buffers are
-        freed; a leaf list already of its size is kept).
+        """The tree's device arrays at their exact sizes: copies, made with the
+        current allocator (the caller's), so that the buffers go back with
+        the build's workspace.
 
         Returns
         -------
@@ -51,8 +52,6 @@ class TreeOutput:
             leaf_tris (num_leaf_refs,), CuPy arrays.
         """
         arrays = {name: a[:num_nodes].copy() for name, a in self.nodes.arrays().items()}
-        leaf = self.leaf
-        exact = leaf.shape[0] == num_leaf_refs
-        arrays["leaf_tris"] = leaf if exact else leaf[:num_leaf_refs].copy()
+        arrays["leaf_tris"] = self.leaf[:num_leaf_refs].copy()
         self.nodes = self.leaf = None
         return arrays

@@ -15,6 +15,7 @@ from ...launch import launch, stage
 from ...mesh import MeshError, check_trace_range, smallest_triangle, validate_mesh
 from ...primitives import inclusive_scan, ordered_uint_to_float
 from ..soa import EventSoA, NodeSoA, RefSoA
+from .workspace import lasting
 
 _SOURCE = "build.cu"
 _init_cache: dict = {}
@@ -28,7 +29,8 @@ def _summary_init(cp):
     if init is None:
         host = np.zeros(enc.SUMMARY_SLOTS, dtype=np.uint64)
         host[enc.SUMMARY_LO:enc.SUMMARY_HI] = 0xFFFFFFFF
-        init = _init_cache[device] = cp.asarray(host)
+        with lasting():  # kept across builds: not from a build's workspace
+            init = _init_cache[device] = cp.asarray(host)
     return init
 
 

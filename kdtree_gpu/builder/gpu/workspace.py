@@ -1,0 +1,215 @@
+"""The build's device memory: large temporaries in a pool of their own, given back at the end.
+
+CuPy's memory pool keeps every block a program frees, to hand it out again.
+For a build that is the wrong policy twice over: its level buffers are
+large and short-lived (a build would leave the process holding several
+times the tree's size), and a level with one launch per stage allocates
+arrays larger than every block it freed before, so the pool grows by the
+sum of the levels instead of their maximum (measured on an H200 for a
+5.5M-triangle mesh: 5.0 KB per triangle held after the build, 0.76 KB in
+use at the peak).
+
+:class:`Workspace` routes the build's allocations of at least
+``GpuSettings.workspace_block`` bytes to a pool that only the builder uses
+and that returns its memory to the device when the build ends, when a
+level outgrows what it holds, and when the level-loop buffers are
+replaced. Smaller allocations (many, cheap to keep, about a millisecond
+per build to make anew) and the tree itself go to the caller's allocator
+(CuPy's default pool unless the caller set another), as before.
+
+The footprint it reports (:attr:`Workspace.high_water`) is what the device
+had to provide: the workspace pool's blocks (in use or cached) plus what
+the caller's pool grew by since the build began, sampled where the build
+holds the most (after each launch of the level loop, after each level run
+by stages, before memory is given back, at the end).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+
+ALIGN = 256  # bytes: arrays cut from one block start at multiples of this
+
+_pools: dict = {}  # device id -> the workspace pool (kept: its cached blocks are what we free)
+_active = threading.local()  # the workspace of the build running on this thread, if any
+
+
+def _aligned(nbytes: int) -> int:
+    return -(-int(nbytes) // ALIGN) * ALIGN
+
+
+def _class_size(k: int) -> int:
+    return -(-math.ceil(2.0 ** (k / 8)) // 512) * 512
+
+
+def size_class(nbytes: int) -> int:
+    """The smallest of the sizes ``2**(k / 8)`` (steps of 9%, each rounded up to
+    a multiple of 512 bytes) that holds ``nbytes``.
+
+    Large workspace blocks are made in these sizes, so that a level a few
+    percent larger than the one before fits in the blocks that one freed.
+    """
+    nbytes = max(int(nbytes), 1)
+    k = max(0, math.floor(8 * math.log2(nbytes)) - 2)
+    while _class_size(k) < nbytes:
+        k += 1
+    return _class_size(k)
+
+
+def lasting():
+    """A context for arrays that outlive the build (caches kept across builds): the
+    caller's allocator while a workspace is active, else nothing changes."""
+    workspace = getattr(_active, "workspace", None)
+    return workspace.outputs() if workspace is not None else contextlib.nullcontext()
+
+
+def release_cached() -> None:
+    """Give every workspace pool's unused blocks back to the device (after an error)."""
+    import cupy
+
+    for device, pool in _pools.items():
+        with cupy.cuda.Device(device):
+            pool.free_all_blocks()
+
+
+def held_bytes() -> int:
+    """Device bytes the workspace pools hold now (0 between builds)."""
+    import cupy
+
+    total = 0
+    for device, pool in _pools.items():
+        with cupy.cuda.Device(device):
+            total += pool.total_bytes()
+    return total
+
+
+class Workspace:
+    """Allocations of a build: large ones from the workspace pool, the rest as the caller's.
+
+    Use as a context manager around the build's temporaries; allocate what
+    outlives the build inside :meth:`outputs`. Leaving the context gives the
+    workspace's free blocks back to the device.
+    """
+
+    def __init__(self, cp, min_block: int):
+        self.cp = cp
+        device = cp.cuda.Device().id
+        pool = _pools.get(device)
+        if pool is None:
+            pool = _pools[device] = cp.cuda.MemoryPool()
+        self.pool = pool
+        self.min_block = int(min_block)
+        self.user = cp.cuda.get_allocator()
+        owner = getattr(self.user, "__self__", None)
+        # the caller's pool, when it is one CuPy can measure
+        self.user_pool = owner if isinstance(owner, cp.cuda.MemoryPool) else None
+        self.user_base = self.user_pool.total_bytes() if self.user_pool is not None else 0
+        self.high_water = 0
+        self._context = None
+        self._level_class = 0
+
+    def _malloc(self, size: int):
+        if size < self.min_block:
+            return self.user(size)
+        size = size_class(size)
+        limit = self.user_pool.get_limit() if self.user_pool is not None else 0
+        if limit and self._held() + size > limit:
+            # A limit set on the caller's pool covers the build's workspace too.
+            self.pool.free_all_blocks()
+            if self._held() + size > limit:
+                raise self.cp.cuda.memory.OutOfMemoryError(size, self._held(), limit)
+        try:
+            return self.pool.malloc(size)
+        except self.cp.cuda.memory.OutOfMemoryError:
+            if self.user_pool is None:
+                raise
+            # blocks the caller's pool keeps for later may be what is missing
+            self.user_pool.free_all_blocks()
+            return self.pool.malloc(size)
+
+    def _held(self) -> int:
+        return self.user_pool.total_bytes() + self.pool.total_bytes()
+
+    def __enter__(self):
+        self._context = self.cp.cuda.using_allocator(self._malloc)
+        self._context.__enter__()
+        _active.workspace = self
+        return self
+
+    def __exit__(self, *exc):
+        _active.workspace = None
+        self._context.__exit__(*exc)
+        self._context = None
+        self.trim()
+        return False
+
+    def outputs(self):
+        """A context in which allocations are the caller's (what the build returns)."""
+        return self.cp.cuda.using_allocator(self.user)
+
+    def footprint(self) -> int:
+        """Device bytes held for the build now: the workspace pool's blocks and the
+        caller's pool's growth since the build began."""
+        grown = 0
+        if self.user_pool is not None:
+            grown = max(0, self.user_pool.total_bytes() - self.user_base)
+        return self.pool.total_bytes() + grown
+
+    def sample(self) -> None:
+        """Record the footprint (call where the build holds the most)."""
+        self.high_water = max(self.high_water, self.footprint())
+
+    def trim(self) -> None:
+        """Give the workspace's unused blocks back to the device (synchronizes)."""
+        self.sample()
+        self.pool.free_all_blocks()
+
+    def begin_level(self, num_items: int) -> None:
+        """A level of ``num_items`` elements (events) begins.
+
+        Its arrays are the previous level's sizes times its growth: within
+        one size class they reuse the blocks the previous level freed; a
+        level of a larger class cannot, so the cached blocks go back first
+        (else the pool would grow by every level of the build's growing
+        phase, not by the largest one).
+        """
+        level_class = size_class(max(int(num_items), 1))
+        if level_class > self._level_class:
+            self.trim()
+            self._level_class = level_class
+
+
+class BlockCarver:
+    """Arrays cut from one device block: one allocation and one free for all of them.
+
+    Used for the level-loop buffers, which live and die together: as one
+    block they come from the workspace pool in one piece and go back to the
+    device in one piece.
+    """
+
+    def __init__(self, cp, nbytes: int):
+        self.cp = cp
+        self.nbytes = _aligned(max(int(nbytes), 1))
+        self.memory = cp.cuda.alloc(self.nbytes)
+        self.offset = 0
+
+    @staticmethod
+    def size(shape, dtype) -> int:
+        """Bytes an array of this shape and dtype takes in the block (aligned)."""
+        import numpy as np
+
+        count = 1
+        for extent in (shape if isinstance(shape, tuple) else (shape,)):
+            count *= int(extent)
+        return _aligned(count * np.dtype(dtype).itemsize)
+
+    def empty(self, shape, dtype):
+        """The next array of the block (uninitialized)."""
+        nbytes = self.size(shape, dtype)
+        if self.offset + nbytes > self.nbytes:
+            raise RuntimeError(f"block of {self.nbytes} bytes exhausted")
+        array = self.cp.ndarray(shape, dtype=dtype, memptr=self.memory + self.offset)
+        self.offset += nbytes
+        return array

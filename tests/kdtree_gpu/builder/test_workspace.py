@@ -1,0 +1,123 @@
+"""The build's device memory (kdtree_gpu/builder/gpu/workspace.py).
+
+What a GPU build leaves behind is its result and nothing else of size: the
+workspace pool is empty after every build (levels in the loop, relaunched
+loops, levels by stages), and the caller's pool holds the tree, its layout,
+the mesh and small cached blocks. Trees stay identical to the reference.
+"""
+
+import numpy as np
+import pytest
+
+import cpu_reference
+import kdtree_gpu as kd
+from kdtree_gpu.builder import GpuSettings
+from kdtree_gpu.builder.gpu.workspace import ALIGN, size_class
+from kdtree_gpu.testing.meshes import assert_same_tree, soup
+
+gpu = pytest.mark.gpu
+
+
+@pytest.mark.parametrize("n", [1, 100, 511, 512, 513, 4 << 20, (4 << 20) + 1, 10 ** 9 + 7,
+                               3 * 2 ** 33])
+def test_size_classes_round_up_by_at_most_a_ninth(n):
+    size = size_class(n)
+    assert size >= n and size % 512 == 0
+    if n > 1 << 16:
+        assert size <= n * 1.0906 + 512
+    # a size of a class is its own class: a freed block serves its class again
+    assert size_class(size) == size
+
+
+def test_size_classes_are_monotone():
+    sizes = np.unique(np.geomspace(1, 1e12, 4000).astype(np.int64))
+    classes = [size_class(int(n)) for n in sizes]
+    assert classes == sorted(classes)
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True])
+def test_workspace_block_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="workspace_block"):
+        GpuSettings(workspace_block=bad)
+
+
+def _tight(num_events, num_refs):
+    return num_events, num_refs, 1, 1
+
+
+def _result_bytes(tree):
+    from kdtree_gpu.trace.gpu import traversal_layout
+
+    layout = traversal_layout(tree)
+    names = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "vertices",
+             "faces")
+    return sum(int(tree.device_array(name).nbytes) for name in names) + int(
+        layout.nodes.nbytes) + int(layout.tris.nbytes)
+
+
+@gpu
+@pytest.mark.parametrize("settings", [
+    GpuSettings(),
+    GpuSettings(workspace_block=1),  # every allocation from the workspace
+    GpuSettings(loop_capacity=_tight, workspace_block=1),  # the loop relaunched per level
+    GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
+], ids=["default", "all-workspace", "relaunched", "stages"])
+def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
+    import cupy
+
+    from kdtree_gpu.builder.gpu import workspace
+
+    V, F = soup(np.random.default_rng(7), 3000, scale=0.02)
+    pool = cupy.get_default_memory_pool()
+    kd.build(V, F, device="cuda", settings=settings)  # compile, warm the pool
+    pool.free_all_blocks()
+    before = pool.used_bytes()
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    cupy.cuda.Device().synchronize()
+    assert workspace.held_bytes() == 0
+    result = _result_bytes(tree)
+    # in use in the caller's pool: the tree, its layout and the mesh (each
+    # array rounded up to the pool's 512-byte unit) and small records, no buffer
+    assert 0 <= pool.used_bytes() - before - result <= 1 << 16
+    # the peak counts the result and the level buffers (several times the
+    # result on this scene, far less than a hundred)
+    assert result < tree.build_info["peak_device_bytes"] < 100 * result
+    assert_same_tree(cpu_reference.build(V, F), tree)
+
+
+@gpu
+def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays():
+    import cupy
+
+    from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
+
+    buffers = LevelBuffers(cupy, 1000, 300, 50)
+    arrays = [*buffers.events.args(), *buffers.refs.args(), *buffers.nodes.args(),
+              *buffers.scratch.args()]
+    starts = sorted((a.data.ptr, a.nbytes) for a in arrays)
+    for (ptr, nbytes), (next_ptr, _) in zip(starts, starts[1:]):
+        assert ptr % ALIGN == 0 and ptr + nbytes <= next_ptr  # aligned, no overlap
+    # every array is usable: write each, read back
+    for i, a in enumerate(arrays):
+        a[...] = i % 2
+    assert all(int(a.max()) == i % 2 for i, a in enumerate(arrays))
+
+
+@gpu
+def test_a_pool_limit_covers_the_workspace():
+    import cupy
+
+    V, F = soup(np.random.default_rng(3), 20000, scale=0.01)
+    pool = cupy.get_default_memory_pool()
+    pool.free_all_blocks()
+    pool.set_limit(size=8 << 20)
+    try:
+        with pytest.raises(MemoryError, match="does not fit in GPU memory"):
+            kd.build(V, F, device="cuda", settings=GpuSettings(workspace_block=1 << 20))
+    finally:
+        pool.set_limit(size=0)
+    from kdtree_gpu.builder.gpu import workspace
+
+    assert workspace.held_bytes() == 0
+    tree = kd.build(V, F, device="cuda")
+    assert_same_tree(cpu_reference.build(V, F), tree)
