@@ -81,6 +81,15 @@ def measure(spec, mesh_dir, repeats):
     ms, times = gpu_time_ms(lambda: kd.build(V, F, device="cuda"), repeats, 2)
     record.update(build_ms=ms, build_ms_all=times,
                   pool_after_repeats_bytes=int(pool.total_bytes() - total0))
+    if workspace is not None:
+        from kdtree_gpu.builder import GpuSettings
+
+        keep = GpuSettings(keep_workspace=True)
+        ms, times = gpu_time_ms(lambda: kd.build(V, F, device="cuda", settings=keep),
+                                repeats, 2)
+        record.update(keep_build_ms=ms, keep_build_ms_all=times,
+                      keep_held_bytes=int(pool.total_bytes() - total0 + workspace.held_bytes()))
+        workspace.release_cached()
     print(json.dumps(record))
 
 
@@ -111,9 +120,11 @@ def markdown(result):
              "`total_bytes()` right after the build (+ the workspace pool's, 0 when given back). "
              "Device after: drop of `cudaMemGetInfo` free bytes over the build. Result: tree "
              "arrays + traversal layout + mesh. Build ms: CUDA events around `kd.build`, median "
-             "of repeats, same process. OptiX: compacted GAS (h200_optix.md).", ""]
+             "of repeats, same process. Kept: the same with `GpuSettings(keep_workspace=True)` (the "
+             "workspace stays cached between builds) and what the process then holds. OptiX: "
+             "compacted GAS (h200_optix.md).", ""]
     cols = ["mesh", "triangles", "peak", "pool after", "workspace after", "device after",
-            "result", "build ms", "loop launches"]
+            "result", "build ms", "loop launches", "kept: build ms", "kept: held"]
     if result.get("baseline"):
         cols += ["before: peak", "before: pool after", "before: device after", "before: build ms",
                  "peak before/after"]
@@ -130,7 +141,9 @@ def markdown(result):
         row = [rec["mesh"], f"{rec['triangles']:,}", per(rec, "peak_bytes"),
                per(rec, "pool_after_bytes"), per(rec, "workspace_after_bytes"),
                per(rec, "device_after_bytes"), per(rec, "result_bytes"),
-               f"{rec['build_ms']:.2f}", rec.get("loop_launches")]
+               f"{rec['build_ms']:.2f}", rec.get("loop_launches"),
+               f"{rec['keep_build_ms']:.2f}" if "keep_build_ms" in rec else "-",
+               per(rec, "keep_held_bytes") if "keep_held_bytes" in rec else "-"]
         base = rec.get("baseline")
         if result.get("baseline"):
             if base and "error" not in base:

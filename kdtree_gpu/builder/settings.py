@@ -78,6 +78,13 @@ class GpuSettings:
         build ends (:mod:`kdtree_gpu.builder.gpu.workspace`); smaller ones
         from CuPy's current allocator, which keeps them for the next build
         (making them anew costs about 0.07 ms each on an H200).
+    keep_workspace : bool
+        Keep the workspace's blocks cached when the build ends (False: give
+        them back). Making them anew costs each build a few allocations
+        and frees of the device (benchmarks/results/build_memory_h200.md
+        measures both); keeping them holds up to the build's peak until
+        :func:`kdtree_gpu.builder.gpu.workspace.release_cached`. For
+        repeated builds (animation) rather than one.
     """
 
     level_loop: bool = True
@@ -87,6 +94,7 @@ class GpuSettings:
     small_refs: int = 0
     small_records: int = 0
     workspace_block: int = 4 << 20
+    keep_workspace: bool = False
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_records": (0, None),
@@ -97,6 +105,9 @@ class GpuSettings:
                 bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
                 raise ValueError(f"GpuSettings.{name} must be an integer {bound}, "
                                  f"got {value!r}")
+        if not isinstance(self.keep_workspace, bool):
+            raise ValueError(f"GpuSettings.keep_workspace must be True or False, "
+                             f"got {self.keep_workspace!r}")
 
 
 DEFAULT_SETTINGS = GpuSettings()

@@ -99,7 +99,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     """
     # The mesh is part of the result: the caller's allocator, as the tree.
     V_d, F_d = cp.asarray(V), cp.asarray(F)
-    workspace = Workspace(cp, settings.workspace_block)
+    workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace)
     with workspace:
         with stage(xp=cp, description="prepare_mesh"):
             _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \

@@ -116,9 +116,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     """
     kernel, grid = loop
     workspace = state.workspace
-    # Blocks cached from larger levels run by stages cannot hold the loop's
-    # one block: give them back before it is made.
-    workspace.trim()
+    if state.stage_levels:
+        # Blocks cached from larger levels run by stages cannot hold the
+        # loop's one block: give them back before it is made.
+        workspace.trim()
     max_events = settings.loop_max_events
     cap_e, cap_r, cap_n, cap_tree = settings.loop_capacity(state.events.size, state.refs.size)
     cap_e = max(state.events.size, min(cap_e, max_events))

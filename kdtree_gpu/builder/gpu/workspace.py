@@ -93,7 +93,7 @@ class Workspace:
     workspace's free blocks back to the device.
     """
 
-    def __init__(self, cp, min_block: int):
+    def __init__(self, cp, min_block: int, keep: bool = False):
         self.cp = cp
         device = cp.cuda.Device().id
         pool = _pools.get(device)
@@ -101,6 +101,7 @@ class Workspace:
             pool = _pools[device] = cp.cuda.MemoryPool()
         self.pool = pool
         self.min_block = int(min_block)
+        self.keep = bool(keep)
         self.user = cp.cuda.get_allocator()
         owner = getattr(self.user, "__self__", None)
         # the caller's pool, when it is one CuPy can measure
@@ -142,7 +143,10 @@ class Workspace:
         _active.workspace = None
         self._context.__exit__(*exc)
         self._context = None
-        self.trim()
+        if self.keep and exc[0] is None:
+            self.sample()  # cached for the next build
+        else:
+            self.trim()
         return False
 
     def outputs(self):

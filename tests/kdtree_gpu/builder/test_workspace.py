@@ -41,6 +41,12 @@ def test_workspace_block_setting_is_checked(bad):
         GpuSettings(workspace_block=bad)
 
 
+@pytest.mark.parametrize("bad", [1, 0, "yes", None])
+def test_keep_workspace_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="keep_workspace"):
+        GpuSettings(keep_workspace=bad)
+
+
 def _tight(num_events, num_refs):
     return num_events, num_refs, 1, 1
 
@@ -121,3 +127,23 @@ def test_a_pool_limit_covers_the_workspace():
     assert workspace.held_bytes() == 0
     tree = kd.build(V, F, device="cuda")
     assert_same_tree(cpu_reference.build(V, F), tree)
+
+
+@gpu
+def test_a_kept_workspace_serves_the_next_build_and_can_be_released():
+    import cupy
+
+    from kdtree_gpu.builder.gpu import workspace
+
+    V, F = soup(np.random.default_rng(9), 3000, scale=0.02)
+    keep = GpuSettings(keep_workspace=True, workspace_block=1 << 16)
+    first = kd.build(V, F, device="cuda", settings=keep)
+    cupy.cuda.Device().synchronize()
+    held = workspace.held_bytes()
+    assert held > 0
+    second = kd.build(V, F, device="cuda", settings=keep)
+    assert workspace.held_bytes() == held  # the same blocks, nothing made anew
+    assert second.compare(first) is None
+    workspace.release_cached()
+    assert workspace.held_bytes() == 0
+    assert_same_tree(cpu_reference.build(V, F), second)
