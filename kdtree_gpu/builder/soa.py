@@ -115,7 +115,7 @@ class LevelScratch(SoA):
     """Per-level work arrays of the GPU stages, sized by level capacities.
 
     Rows: ``E`` events, ``R`` references, ``N`` nodes of the level (see
-    :meth:`for_capacity`). The stage functions of ``cuda/build_stages.cuh``
+    :meth:`capacity_rows`). The stage functions of ``cuda/build_stages.cuh``
     name them the same way.
     """
 
@@ -148,13 +148,6 @@ class LevelScratch(SoA):
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
                 "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "event_lr_ex": e + 1,
                 "child_count": 8 * n + 2}
-
-    @classmethod
-    def for_capacity(cls, xp, cap_events: int, cap_refs: int, cap_nodes: int,
-                     make=None) -> "LevelScratch":
-        """Scratch for levels of up to these many events, references and nodes."""
-        return cls.allocate(xp, 0, make=make,
-                            **cls.capacity_rows(cap_events, cap_refs, cap_nodes))
 
 
 @dataclasses.dataclass

@@ -34,6 +34,13 @@ CONFIGS = [
 CLIP_CONFIGS = [dataclasses.replace(c, clip=True) for c in CONFIGS]
 
 
+def tight_loop_capacity(num_events, num_refs):
+    """``GpuSettings.loop_capacity`` of level-loop buffers just as large as the
+    level the loop starts from: nearly every level outgrows them, and the
+    loop is launched again (the drivers' relaunch path on every level)."""
+    return num_events, num_refs, 1, 1
+
+
 def triangles(*tris):
     """Vertices and faces of unshared triangles given as 3x3 coordinate lists."""
     V = np.array(tris, dtype=np.float32).reshape(-1, 3)

@@ -58,6 +58,15 @@ def size_class(nbytes: int) -> int:
     return _class_size(k)
 
 
+def device_pool(cp):
+    """The workspace pool of the current device (made on first use)."""
+    device = cp.cuda.Device().id
+    pool = _pools.get(device)
+    if pool is None:
+        pool = _pools[device] = cp.cuda.MemoryPool()
+    return pool
+
+
 def lasting():
     """A context for arrays that outlive the build (caches kept across builds): the
     caller's allocator while a workspace is active, else nothing changes."""
@@ -95,11 +104,7 @@ class Workspace:
 
     def __init__(self, cp, min_block: int, keep: bool = False):
         self.cp = cp
-        device = cp.cuda.Device().id
-        pool = _pools.get(device)
-        if pool is None:
-            pool = _pools[device] = cp.cuda.MemoryPool()
-        self.pool = pool
+        self.pool = device_pool(cp)
         self.min_block = int(min_block)
         self.keep = bool(keep)
         self.user = cp.cuda.get_allocator()
@@ -204,10 +209,7 @@ class BlockCarver:
         """Bytes an array of this shape and dtype takes in the block (aligned)."""
         import numpy as np
 
-        count = 1
-        for extent in (shape if isinstance(shape, tuple) else (shape,)):
-            count *= int(extent)
-        return _aligned(count * np.dtype(dtype).itemsize)
+        return _aligned(math.prod(np.atleast_1d(shape).tolist()) * np.dtype(dtype).itemsize)
 
     def empty(self, shape, dtype):
         """The next array of the block (uninitialized)."""

@@ -15,7 +15,7 @@ from kdtree_gpu import SAHConfig
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import level_loop
 from kdtree_gpu.testing.meshes import (CONFIGS, REAL_MESHES, assert_same_tree, grid_soup,
-                                       quads, random_scene, soup)
+                                       quads, random_scene, soup, tight_loop_capacity)
 
 
 
@@ -119,17 +119,18 @@ def test_gpu_pipeline_equals_naive_builder(seed, kernels):
 
 def dirty_device_pool(num_bytes=64 << 20):
     """Fill free pool memory with 0xFF bytes, so that an output the build
-    leaves unwritten holds garbage instead of lucky zeros."""
+    leaves unwritten holds garbage instead of lucky zeros: CuPy's pool (small
+    arrays, the result) and the build's workspace pool (large temporaries,
+    until the build first gives blocks back)."""
     import cupy
+
+    from kdtree_gpu.builder.gpu.workspace import device_pool
 
     junk = cupy.full(num_bytes, 0xFF, dtype=np.uint8)
     del junk
-
-
-def tight_loop_capacity(num_events, num_refs):
-    """Level-loop buffers just as large as the level the loop starts from:
-    nearly every level outgrows them, and the loop is launched again."""
-    return num_events, num_refs, 1, 1
+    block = device_pool(cupy).malloc(num_bytes)
+    cupy.cuda.runtime.memset(block.ptr, 0xFF, num_bytes)
+    del block
 
 
 TIGHT = GpuSettings(loop_capacity=tight_loop_capacity)

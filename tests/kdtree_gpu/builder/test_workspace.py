@@ -13,7 +13,7 @@ import cpu_reference
 import kdtree_gpu as kd
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu.workspace import ALIGN, size_class
-from kdtree_gpu.testing.meshes import assert_same_tree, soup
+from kdtree_gpu.testing.meshes import assert_same_tree, soup, tight_loop_capacity
 
 gpu = pytest.mark.gpu
 
@@ -47,10 +47,6 @@ def test_keep_workspace_setting_is_checked(bad):
         GpuSettings(keep_workspace=bad)
 
 
-def _tight(num_events, num_refs):
-    return num_events, num_refs, 1, 1
-
-
 def _result_bytes(tree):
     from kdtree_gpu.trace.gpu import traversal_layout
 
@@ -65,7 +61,7 @@ def _result_bytes(tree):
 @pytest.mark.parametrize("settings", [
     GpuSettings(),
     GpuSettings(workspace_block=1),  # every allocation from the workspace
-    GpuSettings(loop_capacity=_tight, workspace_block=1),  # the loop relaunched per level
+    GpuSettings(loop_capacity=tight_loop_capacity, workspace_block=1),  # the loop relaunched per level
     GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
 ], ids=["default", "all-workspace", "relaunched", "stages"])
 def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
