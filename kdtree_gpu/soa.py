@@ -114,8 +114,13 @@ class SoA:
         (:func:`as_kernel_argument`).
         """
         cls = type(self)
-        addresses = [_address(getattr(self, name)) for name in _field_names(cls)]
-        return np.array(addresses, dtype=np.uint64).view(_bytes_dtype(cls))
+        return cls.struct_of_addresses([_address(getattr(self, name))
+                                        for name in _field_names(cls)])
+
+    @classmethod
+    def struct_of_addresses(cls, addresses):
+        """The by-value kernel struct of fields at these device addresses (declaration order)."""
+        return np.asarray(addresses, dtype=np.uint64).view(_bytes_dtype(cls))
 
     @classmethod
     def of(cls, **arrays):

@@ -19,6 +19,7 @@ that would have to match by position.
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import numpy as np
 
@@ -238,6 +239,19 @@ class LoopSettings(ScalarStruct):
     empty_bonus: float = scalar_field(np.float64)
     # nodes to split with at most this many references are deferred (0: none)
     small_refs: int = scalar_field(np.int64)
+
+    @staticmethod
+    def for_build(cfg, max_depth: int, small_refs: int, max_level_events: int = 0):
+        """The kernel argument for a build under ``cfg`` (``SAHConfig``); made
+        once per distinct set of values (a build launches with the same few)."""
+        return _loop_settings(int(max_level_events), int(max_depth), cfg.leaf_size,
+                              int(cfg.axes == "longest"), cfg.k_traversal, cfg.k_intersect,
+                              cfg.empty_bonus, int(small_refs))
+
+
+@functools.lru_cache(maxsize=256)
+def _loop_settings(*values):
+    return LoopSettings(*values).struct()  # shared by every launch with these values
 
 
 # Every struct the CUDA sources see, in dependency order (kdtree_gpu.kernels

@@ -115,7 +115,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             # the level-loop kernel does not clip: every clipped level runs by stages
             grid_loop = level_loop_kernel(cp)
         # grown as levels are written (the level loop reserves its share up front)
-        out = TreeOutput(cp, 1024, 1024)
+        out = TreeOutput(cp)
         while not state.done:
             if grid_loop is not None and state.events.size <= settings.loop_max_events:
                 state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
@@ -131,7 +131,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         del tri_lo, tri_hi
         state.deferred = None  # in the workspace: it must be free when the workspace is given back
         with stage(xp=cp, description="finish tree"), workspace.outputs():
-            arrays = out.finish(state.level_base, state.leaf_ref_base)
+            arrays = out.finish(state.level_base, state.leaf_ref_base,
+                                keep_below=workspace.min_block)
         del out
     # The workspace went back to the device: the layout can use its memory.
     with stage(xp=cp, description="traversal layout"):

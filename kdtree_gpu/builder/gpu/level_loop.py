@@ -10,6 +10,8 @@ for all the levels that fit in its buffers.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ... import encoding as enc
@@ -17,7 +19,7 @@ from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
-from .workspace import BlockCarver
+from .workspace import BlockLayout
 
 _loop_cache: dict = {}
 
@@ -49,27 +51,49 @@ def level_loop_kernel(cp):
     return result
 
 
+@functools.lru_cache(maxsize=64)
+def _buffer_layout(cap_events: int, cap_refs: int, cap_nodes: int) -> BlockLayout:
+    # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
+    node_rows = {"node_ref_offset": 2 * (2 * cap_nodes + 1),
+                 "seg_event_offset": 2 * (6 * cap_nodes + 1)}
+    scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes)
+    return BlockLayout([(EventSoA, EventSoA.shapes(2 * cap_events)),
+                        (RefSoA, RefSoA.shapes(2 * cap_refs)),
+                        (NodeSoA, NodeSoA.shapes(2 * cap_nodes, **node_rows)),
+                        (LevelScratch, LevelScratch.shapes(0, **scratch_rows))])
+
+
 class LevelBuffers:
     """Two levels (ping-pong: slot ``s`` of an array starts at ``s`` times its
-    capacity) and the per-level scratch of the level-loop kernel, cut from
-    one device block (:class:`.workspace.BlockCarver`): one allocation, and
-    one block given back when the loop outgrows it."""
+    capacity) and the per-level scratch of the level-loop kernel, in one
+    device block (:class:`.workspace.BlockLayout`): one allocation, and one
+    block given back when the loop outgrows it. The kernel gets the four
+    structs straight from the block's address (a small build's host time
+    is mostly such bookkeeping); array views are made only on request."""
 
     def __init__(self, cp, cap_events: int, cap_refs: int, cap_nodes: int):
         self.cap_events, self.cap_refs, self.cap_nodes = cap_events, cap_refs, cap_nodes
-        # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
-        node_rows = {"node_ref_offset": 2 * (2 * cap_nodes + 1),
-                     "seg_event_offset": 2 * (6 * cap_nodes + 1)}
-        scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes)
-        shapes = [*EventSoA.shapes(2 * cap_events).values(),
-                  *RefSoA.shapes(2 * cap_refs).values(),
-                  *NodeSoA.shapes(2 * cap_nodes, **node_rows).values(),
-                  *LevelScratch.shapes(0, **scratch_rows).values()]
-        block = BlockCarver(cp, sum(BlockCarver.size(*shape) for shape in shapes))
-        self.events = EventSoA.allocate(cp, 2 * cap_events, make=block.empty)
-        self.refs = RefSoA.allocate(cp, 2 * cap_refs, make=block.empty)
-        self.nodes = NodeSoA.allocate(cp, 2 * cap_nodes, make=block.empty, **node_rows)
-        self.scratch = LevelScratch.allocate(cp, 0, make=block.empty, **scratch_rows)
+        self.block = _buffer_layout(cap_events, cap_refs, cap_nodes).allocate(cp)
+
+    def structs(self) -> tuple:
+        """The kernel structs of the events, references, nodes and scratch."""
+        return tuple(self.block.struct(i) for i in range(4))
+
+    @property
+    def events(self) -> EventSoA:
+        return self.block.soa(0)
+
+    @property
+    def refs(self) -> RefSoA:
+        return self.block.soa(1)
+
+    @property
+    def nodes(self) -> NodeSoA:
+        return self.block.soa(2)
+
+    @property
+    def scratch(self) -> LevelScratch:
+        return self.block.soa(3)
 
     def level(self, slot: int, n: int, num_refs: int, num_events: int):
         """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``."""
@@ -125,13 +149,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     cap_e = max(state.events.size, min(cap_e, max_events))
     cap_r = max(state.refs.size, min(cap_r, max_events // 3 + 1))
     cap_n = max(state.nodes.size, cap_n)
-    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree)
+    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree,
+                state.level_base, state.leaf_ref_base)
     block_sum = cp.empty(3 * grid, dtype=np.int64)
-    loop_settings = LoopSettings(
-        max_level_events=max_events, max_depth=max_depth, leaf_size=cfg.leaf_size,
-        longest_only=int(cfg.axes == "longest"), k_traversal=cfg.k_traversal,
-        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
-        small_refs=settings.small_refs).struct()
+    loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs, max_events)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4)
                                              if settings.small_refs else 1)
@@ -149,8 +170,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         status = cp.asarray(status)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
-                start.struct(), buffers.events.struct(), buffers.refs.struct(),
-                buffers.nodes.struct(), buffers.scratch.struct(), block_sum, out.nodes.struct(),
+                start.struct(), *buffers.structs(), block_sum, out.nodes.struct(),
                 out.leaf, state.deferred, capacity.struct(), loop_settings, status),
                block=enc.LOOP_BLOCK)
         state.launches += 1
@@ -186,7 +206,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
         cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
-                    2 * int(record[enc.LOOP_NEED_LEAF_REFS]))
+                    2 * int(record[enc.LOOP_NEED_LEAF_REFS]), state.level_base,
+                    state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
             grown = cp.empty((2 * need_deferred, enc.SMALL_RECORD), dtype=np.int32)

@@ -336,7 +336,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
         # The one deliberate device-to-host read per level: sizes of the next level.
         num_split, num_child_refs, num_child_events, num_leaf_refs = (
             int(c) for c in totals.get())
-    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs)
+    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
     child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
                                  leaf_ref_base, num_split, out)
     child_refs, child_events = split_refs_and_events_gpu(

@@ -12,10 +12,14 @@ from ... import encoding as enc
 from ..soa import TreeNodeSoA
 
 
+# bytes a finished tree array may hold beyond its size instead of being copied
+VIEW_SLACK = 1 << 15
+
+
 class TreeOutput:
     """Device node arrays (a :class:`TreeNodeSoA`) and the leaf list, grown by doubling."""
 
-    def __init__(self, cp, node_capacity: int, leaf_capacity: int):
+    def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0):
         self.cp = cp
         self.nodes = TreeNodeSoA.allocate(cp, node_capacity)
         self.leaf = cp.empty(leaf_capacity, dtype=enc.LEAF_TRIS_DTYPE)
@@ -28,22 +32,33 @@ class TreeOutput:
     def leaf_capacity(self) -> int:
         return int(self.leaf.shape[0])
 
-    def _grow(self, arr, need):
+    def _grow(self, arr, need, used):
         if need <= arr.shape[0]:
             return arr
         bigger = self.cp.empty(max(need, 2 * arr.shape[0]), dtype=arr.dtype)
-        bigger[:arr.shape[0]] = arr
+        used = arr.shape[0] if used is None else min(used, arr.shape[0])
+        if used:
+            bigger[:used] = arr[:used]
         return bigger
 
-    def reserve(self, num_nodes: int, num_leaf_refs: int) -> None:
-        """Make room for ``num_nodes`` tree nodes and ``num_leaf_refs`` leaf entries."""
-        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes) for a in self.nodes.args()))
-        self.leaf = self._grow(self.leaf, num_leaf_refs)
+    def reserve(self, num_nodes: int, num_leaf_refs: int, used_nodes=None,
+                used_leaf_refs=None) -> None:
+        """Make room for ``num_nodes`` tree nodes and ``num_leaf_refs`` leaf entries,
+        keeping the first ``used_nodes`` and ``used_leaf_refs`` written so far
+        (default: all of them)."""
+        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes)
+                                   for a in self.nodes.args()))
+        self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs)
 
-    def finish(self, num_nodes: int, num_leaf_refs: int) -> dict:
-        """The tree's device arrays at their exact sizes: copies, made with the
-        current allocator (the caller's), so that the buffers go back with
-        the build's workspace.
+    def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
+        """The tree's device arrays at their exact sizes.
+
+        Each is a copy made with the current allocator (the caller's), so
+        that the buffers can go back with the build's workspace; except
+        that a buffer of fewer than ``keep_below`` bytes (the caller's
+        allocator made it, not the workspace) that is at most
+        :data:`VIEW_SLACK` bytes longer than the tree is returned as a
+        view: a small build saves five copies and holds a few kilobytes more.
 
         Returns
         -------
@@ -51,7 +66,12 @@ class TreeOutput:
             node_axis, node_split, node_child, node_count (num_nodes,) and
             leaf_tris (num_leaf_refs,), CuPy arrays.
         """
-        arrays = {name: a[:num_nodes].copy() for name, a in self.nodes.arrays().items()}
-        arrays["leaf_tris"] = self.leaf[:num_leaf_refs].copy()
+        def cut(a, n):
+            if a.nbytes < keep_below and a.nbytes - n * a.itemsize <= VIEW_SLACK:
+                return a[:n]
+            return a[:n].copy()
+
+        arrays = {name: cut(a, num_nodes) for name, a in self.nodes.arrays().items()}
+        arrays["leaf_tris"] = cut(self.leaf, num_leaf_refs)
         self.nodes = self.leaf = None
         return arrays

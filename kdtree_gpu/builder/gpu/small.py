@@ -55,11 +55,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     if num == 0:
         return -1
     kernel = get_function(_SOURCE, "kd_build_small_level")
-    loop_settings = LoopSettings(
-        max_level_events=0, max_depth=max_depth, leaf_size=cfg.leaf_size,
-        longest_only=int(cfg.axes == "longest"), k_traversal=cfg.k_traversal,
-        k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
-        small_refs=settings.small_refs).struct()
+    loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs)
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     per_block = enc.SMALL_BLOCK // 32
     blocks = (min(num, WARPS_PER_SM * sms) + per_block - 1) // per_block
@@ -75,7 +71,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     # hold the deferred references a few times over, and there are about as
     # many nodes as leaf entries.
     out.reserve(state.level_base + 4 * state.leaf_ref_base + 1024,
-                4 * state.leaf_ref_base + 1024)
+                4 * state.leaf_ref_base + 1024, state.level_base, state.leaf_ref_base)
     while True:
         records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
         refs = cp.empty((2, cap_refs), dtype=np.int32)
@@ -100,7 +96,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             result = counters.get()
         if not result[enc.SMALL_OVERFLOW]:
             break
-        out.reserve(2 * out.node_capacity, 2 * out.leaf_capacity)
+        out.reserve(2 * out.node_capacity, 2 * out.leaf_capacity, state.level_base,
+                    state.leaf_ref_base)
         cap_recs, cap_refs = 2 * cap_recs, 2 * cap_refs
     del records, refs
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])

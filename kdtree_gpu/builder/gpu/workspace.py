@@ -190,32 +190,55 @@ class Workspace:
             self._level_class = level_class
 
 
-class BlockCarver:
-    """Arrays cut from one device block: one allocation and one free for all of them.
+class BlockLayout:
+    """Where the fields of some structures of arrays lie in one device block.
 
-    Used for the level-loop buffers, which live and die together: as one
-    block they come from the workspace pool in one piece and go back to the
-    device in one piece.
+    The level-loop buffers live and die together: as one block they come
+    from the workspace pool in one piece and go back to the device in one
+    piece. The layout (each field's offset, aligned to :data:`ALIGN`) is
+    computed once per set of sizes (:func:`block_layout`); a block made
+    from it gives each SoA's kernel struct as its base address plus the
+    offsets (no array objects), and array views only where host code asks.
+
+    Parameters
+    ----------
+    groups : sequence of (SoA class, {field name: (shape, dtype)})
+        From :meth:`kdtree_gpu.soa.SoA.shapes`, in the order they are cut.
     """
 
-    def __init__(self, cp, nbytes: int):
-        self.cp = cp
-        self.nbytes = _aligned(max(int(nbytes), 1))
-        self.memory = cp.cuda.alloc(self.nbytes)
-        self.offset = 0
-
-    @staticmethod
-    def size(shape, dtype) -> int:
-        """Bytes an array of this shape and dtype takes in the block (aligned)."""
+    def __init__(self, groups):
         import numpy as np
 
-        return _aligned(math.prod(np.atleast_1d(shape).tolist()) * np.dtype(dtype).itemsize)
+        offset = 0
+        self.groups = []  # (SoA class, [(shape, dtype, offset)], offsets as uint64)
+        for cls, shapes in groups:
+            fields = []
+            for shape, dtype in shapes.values():
+                fields.append((shape, dtype, offset))
+                offset += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
+            self.groups.append((cls, fields, np.array([f[2] for f in fields], dtype=np.uint64)))
+        self.nbytes = max(offset, ALIGN)
 
-    def empty(self, shape, dtype):
-        """The next array of the block (uninitialized)."""
-        nbytes = self.size(shape, dtype)
-        if self.offset + nbytes > self.nbytes:
-            raise RuntimeError(f"block of {self.nbytes} bytes exhausted")
-        array = self.cp.ndarray(shape, dtype=dtype, memptr=self.memory + self.offset)
-        self.offset += nbytes
-        return array
+    def allocate(self, cp) -> "LaidOutBlock":
+        """A device block of this layout (uninitialized)."""
+        return LaidOutBlock(cp, self)
+
+
+class LaidOutBlock:
+    """One device block holding the structures of arrays of a :class:`BlockLayout`."""
+
+    def __init__(self, cp, layout: BlockLayout):
+        self.cp = cp
+        self.layout = layout
+        self.memory = cp.cuda.alloc(layout.nbytes)
+
+    def struct(self, index: int):
+        """The by-value kernel struct of group ``index`` (its fields' device addresses)."""
+        cls, _, offsets = self.layout.groups[index]
+        return cls.struct_of_addresses(offsets + offsets.dtype.type(self.memory.ptr))
+
+    def soa(self, index: int):
+        """Group ``index`` as an SoA of CuPy views into the block."""
+        cls, fields, _ = self.layout.groups[index]
+        return cls(*(self.cp.ndarray(shape, dtype=dtype, memptr=self.memory + offset)
+                     for shape, dtype, offset in fields))

@@ -22,7 +22,10 @@ from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_st
                                                  select_best_splits_gpu,
                                                  split_refs_and_events_gpu)
 from kdtree_gpu.builder.gpu.output import TreeOutput
+from kdtree_gpu.builder.gpu.root import create_root_events_cuda
 from kdtree_gpu.builder.pipeline import root_level_xp, run_level
+from kdtree_gpu.builder.stages import create_root_events
+from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import split_cost
 from kdtree_gpu.device import gpu_available
 from kdtree_gpu.mesh import load_mesh, prepare_mesh
@@ -190,3 +193,24 @@ extern "C" __global__ void kd_test_split_cost(const double* k, const double* are
     want = np.array([split_cost(*k[i], *areas[i], int(counts[i, 0]), int(counts[i, 1]))
                      for i in range(n)])
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
+
+
+# 1365 references: the most one block sorts (6 keys each); 1366: the library sort
+@pytest.mark.parametrize("num_tris", [1, 2, 37, 700, enc.ROOT_BLOCK_KEYS // 6,
+                                      enc.ROOT_BLOCK_KEYS // 6 + 1])
+def test_cuda_root_events_equal_their_numpy_twin(num_tris):
+    import cupy as cp
+
+    rng = np.random.default_rng(num_tris)
+    # integer coordinates: equal positions, planar and degenerate triangles
+    V = (rng.integers(0, 6, (num_tris, 1, 3)) + rng.integers(0, 2, (num_tris, 3, 3)))
+    V = V.reshape(-1, 3).astype(np.float32)
+    F = np.arange(len(V), dtype=np.int32).reshape(-1, 3)
+    _, _, tri_lo, tri_hi, valid, _ = prepare_mesh(V, F)
+    ref_tri = np.flatnonzero(valid).astype(np.int32)
+    want = create_root_events(np, tri_lo, tri_hi, ref_tri)
+    planar = [int((tri_lo[ref_tri, k] == tri_hi[ref_tri, k]).sum()) for k in range(3)]
+    got = create_root_events_cuda(cp, cp.asarray(tri_lo), cp.asarray(tri_hi),
+                                  cp.asarray(ref_tri), planar)
+    for name, a in want.arrays().items():
+        equal(getattr(got, name), a, f"create_root_events ({num_tris} triangles): {name}")

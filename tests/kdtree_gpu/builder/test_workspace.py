@@ -12,6 +12,7 @@ import pytest
 import cpu_reference
 import kdtree_gpu as kd
 from kdtree_gpu.builder import GpuSettings
+from kdtree_gpu.builder.gpu.output import VIEW_SLACK
 from kdtree_gpu.builder.gpu.workspace import ALIGN, size_class
 from kdtree_gpu.testing.meshes import assert_same_tree, soup, tight_loop_capacity
 
@@ -79,8 +80,9 @@ def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     assert workspace.held_bytes() == 0
     result = _result_bytes(tree)
     # in use in the caller's pool: the tree, its layout and the mesh (each
-    # array rounded up to the pool's 512-byte unit) and small records, no buffer
-    assert 0 <= pool.used_bytes() - before - result <= 1 << 16
+    # array rounded up to the pool's 512-byte unit), small records, and the
+    # tail of tree arrays kept as views of their output buffers; no level buffer
+    assert 0 <= pool.used_bytes() - before - result <= (1 << 16) + 5 * VIEW_SLACK
     # the peak counts the result and the level buffers (several times the
     # result on this scene, far less than a hundred)
     assert result < tree.build_info["peak_device_bytes"] < 100 * result
