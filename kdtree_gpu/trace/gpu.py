@@ -82,6 +82,7 @@ class TraversalLayout:
         self._params = TraceParams(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1],
                                    hi_z=hi[2], scale=self.scale, tmin=0.0, tmax=np.inf,
                                    num_rays=0).fields()
+        self._by_query = {}  # (num_rays, tmin, tmax) -> the struct (bytes; copied at launch)
 
     def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
         """The kernel's :class:`TraceParams` struct for ``num_rays`` rays with one interval.
@@ -92,9 +93,16 @@ class TraversalLayout:
             The by-value kernel argument (the box and scale come from the
             template made with the layout: a query spends no time on them).
         """
-        value = self._params.copy()
-        value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
-        return as_kernel_argument(value)
+        key = (num_rays, tmin, tmax)
+        value = self._by_query.get(key)
+        if value is None:
+            # a renderer or a training loop asks the same few sizes again and again
+            if len(self._by_query) >= 16:
+                self._by_query.clear()
+            value = self._params.copy()
+            value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
+            value = self._by_query[key] = as_kernel_argument(value)
+        return value
 
 
 def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, vertices, faces,
