@@ -153,10 +153,6 @@ SCAN_ITEMS = 8  # items per thread of a scan tile
 SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS
 SCAN_SMALL = 8 * SCAN_TILE  # up to this size one block scans a whole array
 PREPARE_BLOCK = 256  # kd_prepare_triangles
-# the root's events of a mesh with up to ROOT_BLOCK_KEYS / 6 references are
-# made, sorted and decoded by one block in shared memory (8-byte keys, 64 KiB)
-ROOT_BLOCK = 1024
-ROOT_BLOCK_KEYS = 8192
 LOOP_BLOCK = 512  # the level-loop kernel's blocks (two per multiprocessor)
 TRAVERSE_BLOCK = 128  # traversal kernels (__launch_bounds__)
 BRUTE_BLOCK = 128  # brute-force kernels: threads per block = triangles per shared tile

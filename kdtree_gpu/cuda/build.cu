@@ -396,14 +396,14 @@ __device__ __forceinline__ unsigned long long kd_event_key(int axis, float pos, 
            | ((unsigned long long)kind << KD_KEY_REF_BITS) | (unsigned long long)ref;
 }
 
-// The three axes' event keys of root reference r: slots (k, 2r) and (k, 2r + 1)
-// of keys (3, 2R); a planar triangle's second slot holds the largest key.
-__device__ __forceinline__ void kd_root_keys_of(const float* __restrict__ tri_lo,
-                                                const float* __restrict__ tri_hi,
-                                                const int* __restrict__ ref_tri,
-                                                long long num_refs, long long r,
-                                                unsigned long long* keys)
+extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
+                                              const float* __restrict__ tri_hi,
+                                              const int* __restrict__ ref_tri,
+                                              long long num_refs,
+                                              unsigned long long* __restrict__ keys)  // (3, 2R)
 {
+    long long r = kd_tid();
+    if (r >= num_refs) return;
     int tri = ref_tri[r];
     for (int k = 0; k < 3; ++k) {
         float a = tri_lo[3 * tri + k], b = tri_hi[3 * tri + k];
@@ -418,69 +418,15 @@ __device__ __forceinline__ void kd_root_keys_of(const float* __restrict__ tri_lo
     }
 }
 
-// Event e of the root from its key (segment = axis).
-__device__ __forceinline__ void kd_root_event_decode(unsigned long long key, long long e,
-                                                     KdEvents ev)
-{
-    ev.event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
-    ev.event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
-    ev.event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
-    ev.event_seg[e] = (int)(key >> 62);
-}
-
-extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
-                                              const float* __restrict__ tri_hi,
-                                              const int* __restrict__ ref_tri,
-                                              long long num_refs,
-                                              unsigned long long* __restrict__ keys)  // (3, 2R)
-{
-    long long r = kd_tid();
-    if (r >= num_refs) return;
-    kd_root_keys_of(tri_lo, tri_hi, ref_tri, num_refs, r, keys);
-}
-
 // Decode the sorted keys into the root's event arrays (segment = axis).
 extern "C" __global__ void kd_root_events_decode(const unsigned long long* __restrict__ keys,
                                                  long long count, KdEvents ev)
 {
     long long e = kd_tid();
     if (e >= count) return;
-    kd_root_event_decode(keys[e], e, ev);
-}
-
-// The root's events of a small mesh in one launch of one block: the keys in
-// shared memory (padded with the largest key to `padded`, a power of two of
-// at most KD_ROOT_BLOCK_KEYS), a bitonic sort, the decode. Keys are unique
-// but for the padding, so the order is the radix sort's. A launch and a
-// library sort cost the host more than this block takes on the device.
-extern "C" __global__ void kd_root_events_block(const float* __restrict__ tri_lo,
-                                                const float* __restrict__ tri_hi,
-                                                const int* __restrict__ ref_tri,
-                                                long long num_refs, long long count,
-                                                unsigned int padded, KdEvents ev)
-{
-    extern __shared__ unsigned long long kd_keys[];
-    for (long long r = threadIdx.x; r < num_refs; r += blockDim.x)
-        kd_root_keys_of(tri_lo, tri_hi, ref_tri, num_refs, r, kd_keys);
-    for (unsigned int i = 6 * (unsigned int)num_refs + threadIdx.x; i < padded; i += blockDim.x)
-        kd_keys[i] = 0xffffffffffffffffull;
-    __syncthreads();
-    for (unsigned int size = 2; size <= padded; size <<= 1) {
-        for (unsigned int stride = size >> 1; stride > 0; stride >>= 1) {
-            for (unsigned int i = threadIdx.x; i < padded; i += blockDim.x) {
-                unsigned int j = i ^ stride;
-                if (j > i) {
-                    unsigned long long a = kd_keys[i], b = kd_keys[j];
-                    // ascending where bit `size` of i is clear, descending where set
-                    if ((a > b) == ((i & size) == 0)) {
-                        kd_keys[i] = b;
-                        kd_keys[j] = a;
-                    }
-                }
-            }
-            __syncthreads();
-        }
-    }
-    for (long long e = threadIdx.x; e < count; e += blockDim.x)
-        kd_root_event_decode(kd_keys[e], e, ev);
+    unsigned long long key = keys[e];
+    ev.event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
+    ev.event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
+    ev.event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
+    ev.event_seg[e] = (int)(key >> 62);
 }

@@ -142,18 +142,8 @@ def prepare_mesh_cuda(cp, V, F):
     return V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
 
 
-def _root_block_kernel():
-    kernel = get_function(_SOURCE, "kd_root_events_block")
-    # more than the default 48 KiB of dynamic shared memory must be asked for
-    if kernel.max_dynamic_shared_size_bytes < 8 * enc.ROOT_BLOCK_KEYS:
-        kernel.max_dynamic_shared_size_bytes = 8 * enc.ROOT_BLOCK_KEYS
-    return kernel
-
-
 def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
-    """Rule R3 on the device: one key per event, one radix sort, decode (for a
-    mesh of up to ``encoding.ROOT_BLOCK_KEYS / 6`` references, all three in one
-    block, sorting in shared memory).
+    """Rule R3 on the device: one key per event, one radix sort, decode.
 
     Parameters
     ----------
@@ -168,19 +158,10 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
         Sorted by (axis, position, kind, reference); segment = axis.
     """
     num_refs = int(ref_tri.shape[0])
-    total = sum(2 * num_refs - int(p) for p in planar)
-    if 6 * num_refs <= enc.ROOT_BLOCK_KEYS:
-        # one block sorts them in shared memory: one launch instead of three
-        # and a library sort, whose host time is most of a small mesh's root
-        events = EventSoA.allocate(cp, total)
-        padded = max(2, 1 << (6 * num_refs - 1).bit_length())
-        launch("create_root_events: one block", _root_block_kernel(), enc.ROOT_BLOCK,
-               (tri_lo, tri_hi, ref_tri, np.int64(num_refs), np.int64(total), np.uint32(padded),
-                events.struct()), block=enc.ROOT_BLOCK, shared_mem=8 * padded)
-        return events
     keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
     launch("create_root_events: keys", get_function(_SOURCE, "kd_root_event_keys"), num_refs,
            (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
+    total = sum(2 * num_refs - int(p) for p in planar)
     with stage(xp=cp, description="create_root_events: sort"):
         # Keys are unique and start with the axis, so one sort gives rule R3's
         # order on every axis; planar triangles' unused slots hold the largest

@@ -25,7 +25,6 @@ from kdtree_gpu.builder.gpu.output import TreeOutput
 from kdtree_gpu.builder.gpu.root import create_root_events_cuda
 from kdtree_gpu.builder.pipeline import root_level_xp, run_level
 from kdtree_gpu.builder.stages import create_root_events
-from kdtree_gpu import encoding as enc
 from kdtree_gpu.config import split_cost
 from kdtree_gpu.device import gpu_available
 from kdtree_gpu.mesh import load_mesh, prepare_mesh
@@ -195,9 +194,7 @@ extern "C" __global__ void kd_test_split_cost(const double* k, const double* are
     assert np.array_equal(got.view(np.uint64), want.view(np.uint64))
 
 
-# 1365 references: the most one block sorts (6 keys each); 1366: the library sort
-@pytest.mark.parametrize("num_tris", [1, 2, 37, 700, enc.ROOT_BLOCK_KEYS // 6,
-                                      enc.ROOT_BLOCK_KEYS // 6 + 1])
+@pytest.mark.parametrize("num_tris", [1, 2, 37, 700, 1366])
 def test_cuda_root_events_equal_their_numpy_twin(num_tris):
     import cupy as cp
 
