@@ -9,7 +9,8 @@
 # embreex) may be placed in ./.whl and are installed into /tmp/site first.
 # The peers' script and results (peer_bench.py, h200_optix.md) are read from
 # ./.peers. A copy of an earlier commit in ./.baseline is measured by the
-# baseline-* steps in the same run (before/after). Full logs and results go
+# baseline-* steps in the same run (before/after); its commit is read from
+# ./.baseline/.commit. Full logs and results go
 # to OUT_DIR.
 set -u
 out=${1:?usage: gpu_checks.sh OUT_DIR [steps...]}
@@ -50,11 +51,11 @@ for step in "${@:-tests}"; do
     render) python3 benchmarks/gpu_render_check.py --out "$out" 2>&1 | tail -40 ;;
     first-hit) python3 benchmarks/bench_first_hit.py --peers-dir .peers --out "$out" 2>&1 \
              | tee "$out/bench_first_hit.log" | tail -20 ;;
-    baseline-build) (cd .baseline && PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_build.py \
+    baseline-build) (cd .baseline && KDTREE_GPU_COMMIT=$(cat .commit 2>/dev/null || echo baseline) PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_build.py \
              --out "$out/baseline" --no-cold --no-cpu --repeats 5 --mesh-dir "$KDTREE_GPU_MESH_DIR" \
              --meshes cornell_box suzanne stanford_bunny stanford_armadillo conference \
              stanford_armadillo@sub1 2>&1 | grep -v '^|' | tail -12) ;;
-    baseline-traversal) (cd .baseline && PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_traversal.py \
+    baseline-traversal) (cd .baseline && KDTREE_GPU_COMMIT=$(cat .commit 2>/dev/null || echo baseline) PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_traversal.py \
              --peers-dir ../.peers --no-peers --out "$out/baseline" \
              --mesh-dir "$KDTREE_GPU_MESH_DIR" 2>&1 | tail -20) ;;
     *) echo "unknown step $step"; status=2 ;;
