@@ -2,7 +2,7 @@
 # Run the GPU tests and (optionally) the GPU benchmarks on a CUDA machine.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR [tests|tests-all|build|build-quick|level-loop|
-#       primitives|traversal|traversal-check|first-hit|clip|render|baseline-build|baseline-traversal]...
+#       primitives|traversal|traversal-check|first-hit|clip|render|build-paired|baseline-build|baseline-traversal]...
 #
 # Meshes: $KDTREE_GPU_MESH_DIR (default ./.meshes, unpacked from ./.meshes.tar.xz
 # when that archive is there). Wheels of missing packages (trimesh, warp-lang,
@@ -55,6 +55,8 @@ for step in "${@:-tests}"; do
              --out "$out/baseline" --no-cold --no-cpu --repeats 5 --mesh-dir "$KDTREE_GPU_MESH_DIR" \
              --meshes cornell_box suzanne stanford_bunny stanford_armadillo conference \
              stanford_armadillo@sub1 2>&1 | grep -v '^|' | tail -12) ;;
+    build-paired) python3 benchmarks/bench_build_paired.py --baseline-root .baseline --out "$out" 2>&1 \
+             | tee "$out/bench_build_paired.log" | tail -16 ;;
     baseline-traversal) (cd .baseline && KDTREE_GPU_COMMIT=$(cat .commit 2>/dev/null || echo baseline) PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_traversal.py \
              --peers-dir ../.peers --no-peers --out "$out/baseline" \
              --mesh-dir "$KDTREE_GPU_MESH_DIR" 2>&1 | tail -20) ;;
