@@ -79,21 +79,11 @@ class LevelBuffers:
         """The kernel structs of the events, references, nodes and scratch."""
         return tuple(self.block.struct(i) for i in range(4))
 
-    @property
-    def events(self) -> EventSoA:
-        return self.block.soa(0)
-
-    @property
-    def refs(self) -> RefSoA:
-        return self.block.soa(1)
-
-    @property
-    def nodes(self) -> NodeSoA:
-        return self.block.soa(2)
-
-    @property
-    def scratch(self) -> LevelScratch:
-        return self.block.soa(3)
+    # views of the block's four structures (EventSoA, RefSoA, NodeSoA, LevelScratch)
+    events = property(lambda self: self.block.soa(0))
+    refs = property(lambda self: self.block.soa(1))
+    nodes = property(lambda self: self.block.soa(2))
+    scratch = property(lambda self: self.block.soa(3))
 
     def level(self, slot: int, n: int, num_refs: int, num_events: int):
         """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``."""
