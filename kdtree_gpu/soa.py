@@ -71,15 +71,13 @@ class SoA:
         return shapes
 
     @classmethod
-    def allocate(cls, xp, n: int, zero: bool = False, make=None, **rows):
+    def allocate(cls, xp, n: int, zero: bool = False, **rows):
         """An SoA of size ``n`` on the backend of ``xp``.
 
-        ``rows`` overrides the row count of single fields by name; ``make``
-        (``(shape, dtype) -> array``) replaces ``xp.empty`` (for arrays cut
-        from one block).
+        ``rows`` overrides the row count of single fields by name. (Arrays
+        cut from one block: :class:`kdtree_gpu.builder.gpu.workspace.BlockLayout`.)
         """
-        if make is None:
-            make = xp.zeros if zero else xp.empty
+        make = xp.zeros if zero else xp.empty
         return cls(**{name: make(shape, dtype=dtype)
                       for name, (shape, dtype) in cls.shapes(n, **rows).items()})
 

@@ -196,9 +196,10 @@ class BlockLayout:
     The level-loop buffers live and die together: as one block they come
     from the workspace pool in one piece and go back to the device in one
     piece. The layout (each field's offset, aligned to :data:`ALIGN`) is
-    computed once per set of sizes (:func:`block_layout`); a block made
-    from it gives each SoA's kernel struct as its base address plus the
-    offsets (no array objects), and array views only where host code asks.
+    computed once per set of sizes (the level loop keeps one per set of
+    capacities); a block made from it gives each SoA's kernel struct as its
+    base address plus the offsets (no array objects), and array views only
+    where host code asks.
 
     Parameters
     ----------
