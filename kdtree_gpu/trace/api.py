@@ -199,7 +199,7 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
         with (contextlib.nullcontext() if current else dev.use()), _stream_of(origins):
             results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
         if direct is not None:
-            return (out,) if any_hit and not isinstance(out, (tuple, list)) else tuple(out)
+            return _out_tuple(out, any_hit)
         if out is None and is_device_array(origins) and current:
             return results  # CuPy in, CuPy out, on the current device: nothing to convert
     if out is not None:
@@ -267,6 +267,11 @@ def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):
     return (results,) if any_hit else results
 
 
+def _out_tuple(out, any_hit):
+    """``out`` as a tuple of arrays (an any-hit query takes one array or a tuple of one)."""
+    return (out,) if any_hit and not isinstance(out, (tuple, list)) else tuple(out)
+
+
 def _kernel_out(cupy, out, any_hit, origins):
     """``out`` as the kernel's outputs (a HitSoA) when it can write them in place.
 
@@ -278,7 +283,7 @@ def _kernel_out(cupy, out, any_hit, origins):
 
     if out is None or not is_device_array(origins):
         return None
-    arrays = (out,) if any_hit and not isinstance(out, (tuple, list)) else tuple(out)
+    arrays = _out_tuple(out, any_hit)
     dtypes = (np.bool_,) if any_hit else (np.float32, np.int32, np.float32, np.float32)
     n = origins.shape[0] if origins.ndim == 2 else 1
     device = cupy.cuda.runtime.getDevice()
@@ -316,9 +321,7 @@ def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
 
 def _write_out(results, out, any_hit):
     """Copy results into the caller's arrays (the same library and device as ``out``)."""
-    if any_hit and not isinstance(out, (tuple, list)):
-        out = (out,)
-    out = tuple(out)
+    out = _out_tuple(out, any_hit)
     if len(out) != len(results):
         raise ValueError(f"out must hold {len(results)} arrays, got {len(out)}")
     for name, dst, src in zip(("t", "tri", "u", "v") if not any_hit else ("hit",), out, results):
