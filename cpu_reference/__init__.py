@@ -85,6 +85,6 @@ R10 Output. A split appends two adjacent nodes (left, right) and records
 """
 
 from .wald_havran import build, warm_up
-from .warmup import WarmUp
+from kdtree_gpu.warmup import WarmUp
 
 __all__ = ["build", "warm_up", "WarmUp"]

@@ -18,7 +18,7 @@ that in O(N log N)" (Wald & Havran, 2006) and the build rules R1-R10 of
 Subtrees are built depth first by a compiled kernel
 (:mod:`cpu_reference.subtree`); independent subtrees run on several threads
 (:mod:`cpu_reference.tasks`). The numba code is compiled, or loaded from
-numba's cache, once per process (:mod:`cpu_reference.warmup`).
+numba's cache, once per process (:mod:`kdtree_gpu.warmup`).
 """
 
 from __future__ import annotations
@@ -32,10 +32,11 @@ import numpy as np
 from kdtree_gpu.config import SAHConfig
 from kdtree_gpu.mesh import prepare_mesh
 from kdtree_gpu.tree import KdTree
+from kdtree_gpu.warmup import WarmUp, compile_once
 
 from .events import build_root_events
 from .tasks import Subtree, SubtreeBuilder, assemble, run_subtrees
-from .warmup import WarmUp, compile_once
+from .warmup import COMPILE_MESSAGE
 
 # Nodes with more triangles than this share of the root's are split one task
 # at a time, so that the tree is cut into a few hundred independent subtrees
@@ -128,7 +129,8 @@ def warm_up() -> WarmUp:
     WarmUp
         ``(seconds, compiled)``.
     """
-    return compile_once(_build_small_trees)
+    return compile_once(_build_small_trees, name="builder", package="cpu_reference",
+                        message=COMPILE_MESSAGE)
 
 
 def _build_small_trees():

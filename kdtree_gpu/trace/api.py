@@ -219,10 +219,10 @@ def warm_up_cpu():
 
     Returns
     -------
-    cpu_reference.warmup.WarmUp
+    kdtree_gpu.warmup.WarmUp
         ``(seconds, compiled)``.
     """
-    from cpu_reference.warmup import compile_once
+    from ..warmup import compile_once
 
     return compile_once(_trace_small, name="rays", package=__name__.split(".")[0],
                         message=RAY_COMPILE_MESSAGE)
@@ -230,21 +230,26 @@ def warm_up_cpu():
 
 def _trace_small():
     # the queries' own calls, with the argument types of real ones: scalar and
-    # per-ray bounds, closest and any hit, the traversal and the brute force
-    import cpu_reference
-
+    # per-ray bounds, closest and any hit, the traversal and the brute force.
+    # The traversal gets the layout of a tree that is one leaf holding every
+    # triangle: the kernels' types are those of any tree, and no builder runs.
+    from .. import encoding as enc
     from .brute import brute_cpu
-    from .cpu import intersect_cpu, occluded_cpu
+    from .cpu import run_layout
+    from .layout import CpuLayout
 
     rng = np.random.default_rng(0)
     V = rng.random((60, 3)).astype(np.float32)
     F = np.arange(60).reshape(20, 3)
-    tree = cpu_reference.build(V, F)
+    layout = CpuLayout(np.array([enc.AXIS_LEAF], enc.NODE_AXIS_DTYPE),
+                       np.zeros(1, enc.NODE_SPLIT_DTYPE), np.zeros(1, enc.NODE_CHILD_DTYPE),
+                       np.array([20], enc.NODE_COUNT_DTYPE), np.arange(20, dtype=np.int32),
+                       np.stack([V.min(axis=0), V.max(axis=0)]), V, F, depth=0)
     O, D = _ray_arrays(np, rng.random((16, 3)), rng.normal(size=(16, 3)))
     for tmin, tmax in ((0.0, np.inf), (np.zeros(16, np.float32), np.full(16, 9.0, np.float32))):
         t0, t1 = _interval(np, tmin, "tmin", 16), _interval(np, tmax, "tmax", 16)
-        for query in (intersect_cpu, occluded_cpu):
-            query(tree, O, D, t0, t1, status=np.empty(2, np.int64))
+        for any_hit in (False, True):
+            run_layout(layout, O, D, t0, t1, any_hit, status=np.empty(2, np.int64))
     O, D, t0, t1 = check_rays(O, D)
     for any_hit in (False, True):
         brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)

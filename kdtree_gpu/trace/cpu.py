@@ -346,7 +346,9 @@ def _bound(value):
     return np.ascontiguousarray(np.asarray(value, np.float32).reshape(-1))
 
 
-def _run_tree(tree, origins, directions, tmin, tmax, any_hit, status):
+def run_layout(lay, origins, directions, tmin, tmax, any_hit, status):
+    """Rays through a :class:`~kdtree_gpu.trace.layout.CpuLayout`: ``t, tri, u, v``
+    (any hit: ``tri`` 1 or -1); arguments as :func:`intersect_cpu`."""
     num_rays = origins.shape[0]
     hit_t = np.empty(num_rays, np.float32)
     hit_tri = np.empty(num_rays, np.int32)
@@ -356,7 +358,6 @@ def _run_tree(tree, origins, directions, tmin, tmax, any_hit, status):
         status[:] = (0, -1)
     if not num_rays:
         return hit_t, hit_tri, hit_u, hit_v
-    lay = cpu_layout(tree)
     order = ray_order(lay.bounds, origins, directions)
     if order is None:
         order = np.empty(0, np.int32)  # the rays as given
@@ -414,7 +415,7 @@ def intersect_cpu(tree, origins, directions, tmin, tmax, status=None):
     t, tri, u, v : (num_rays,) arrays
         As :func:`kdtree_gpu.trace.api.intersect`.
     """
-    return _run_tree(tree, origins, directions, tmin, tmax, False, status)
+    return run_layout(cpu_layout(tree), origins, directions, tmin, tmax, False, status)
 
 
 def occluded_cpu(tree, origins, directions, tmin, tmax, status=None):
@@ -422,4 +423,4 @@ def occluded_cpu(tree, origins, directions, tmin, tmax, status=None):
 
     Parameters as :func:`intersect_cpu`.
     """
-    return _run_tree(tree, origins, directions, tmin, tmax, True, status)[1] > 0
+    return run_layout(cpu_layout(tree), origins, directions, tmin, tmax, True, status)[1] > 0

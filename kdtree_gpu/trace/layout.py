@@ -129,20 +129,21 @@ class CpuLayout:
         Entries of the traversal stack (the tree's depth + 1).
     """
 
-    def __init__(self, tree):
-        from ..tree.check import walk_levels
-
-        self.bounds = np.ascontiguousarray(tree.bounds, dtype=np.float32)
+    def __init__(self, node_axis, node_split, node_child, node_count, leaf_tris, bounds,
+                 vertices, faces, depth: int):
+        # a tree's arrays (KdTree's names) and its depth: no KdTree needed, so
+        # that the ray kernels can be compiled without building one
+        self.bounds = np.ascontiguousarray(bounds, dtype=np.float32)
         self.scale = trace_scale(self.bounds)
         self.box = (self.bounds * self.scale).reshape(-1)
-        split = (np.asarray(tree.node_split, dtype=np.float32) * self.scale).astype(np.float32)
-        self.nodes = enc.pack_nodes(*reorder_nodes(tree.node_axis, split, tree.node_child,
-                                                   tree.node_count)).reshape(-1)
+        split = (np.asarray(node_split, dtype=np.float32) * self.scale).astype(np.float32)
+        self.nodes = enc.pack_nodes(*reorder_nodes(node_axis, split, node_child,
+                                                   node_count)).reshape(-1)
         self.splits = self.nodes.view(np.float32)
-        self.tri_ids = np.ascontiguousarray(tree.leaf_tris, dtype=np.int32)
-        self.tris = pack_triangles(tree.vertices, tree.faces, np.arange(tree.num_triangles),
+        self.tri_ids = np.ascontiguousarray(leaf_tris, dtype=np.int32)
+        self.tris = pack_triangles(vertices, faces, np.arange(np.shape(faces)[0]),
                                    self.scale).reshape(-1)
-        self.stack_size = int(walk_levels(tree)[0].max()) + 1
+        self.stack_size = int(depth) + 1
 
 
 _LAYOUT_ARRAYS = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "bounds",
@@ -155,6 +156,9 @@ def cpu_layout(tree) -> CpuLayout:
     cached = tree._device_cache.get("cpu_layout")
     if cached is not None and cached[0] == key:
         return cached[1]
-    layout = CpuLayout(tree)
+    from ..tree.check import walk_levels
+
+    layout = CpuLayout(*(getattr(tree, name) for name in _LAYOUT_ARRAYS),
+                       depth=int(walk_levels(tree)[0].max()))
     tree._device_cache["cpu_layout"] = (key, layout)
     return layout

@@ -152,7 +152,7 @@ def test_cpu_builds_time_without_the_first_compile_and_say_so(monkeypatch, capsy
     import numpy as np
 
     import cpu_reference
-    from cpu_reference.warmup import WarmUp
+    from kdtree_gpu.warmup import WarmUp
     from kdtree_gpu.device import CPU
     from kdtree_gpu.config import SAHConfig
     from kdtree_gpu.trace import api as trace_api
