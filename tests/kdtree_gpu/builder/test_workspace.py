@@ -89,6 +89,55 @@ def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     assert_same_tree(cpu_reference.build(V, F), tree)
 
 
+class _HostBlocks:
+    """A stand-in for CuPy's allocation and ndarray over host bytes (the layout is
+    arithmetic on addresses; the GPU test below checks it on the device)."""
+
+    class Pointer:
+        def __init__(self, data, offset=0):
+            self.data, self.offset = data, offset
+            self.ptr = 1 << 40 | offset  # a device-like address: base + offset
+
+        def __add__(self, offset):
+            return type(self)(self.data, self.offset + offset)
+
+    def __init__(self):
+        import types
+
+        self.cuda = types.SimpleNamespace(alloc=lambda n: self.Pointer(bytearray(n)))
+
+    @staticmethod
+    def ndarray(shape, dtype, memptr):
+        count = int(np.prod(shape))
+        return np.frombuffer(memptr.data, dtype=dtype, count=count,
+                             offset=memptr.offset).reshape(shape)
+
+
+def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs():
+    from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
+    from kdtree_gpu.builder.soa import EventSoA, LevelScratch, NodeSoA, RefSoA
+
+    buffers = LevelBuffers(_HostBlocks(), 1000, 300, 50)
+    groups = [buffers.events, buffers.refs, buffers.nodes, buffers.scratch]
+    assert [type(g) for g in groups] == [EventSoA, RefSoA, NodeSoA, LevelScratch]
+    # each field has its declared shape: two levels of each capacity, the scratch rows
+    assert buffers.events.event_pos.shape == (2000,) and buffers.refs.ref_tri.shape == (600,)
+    assert buffers.nodes.node_lo.shape == (100, 3)
+    assert buffers.nodes.seg_event_offset.shape == (2 * (6 * 50 + 1),)
+    assert buffers.scratch.child_count.shape == (8 * 50 + 2,)
+    # aligned, apart, inside the block
+    spans = sorted((a.ctypes.data, a.nbytes) for g in groups for a in g.args())
+    base = spans[0][0]
+    for (start, nbytes), (next_start, _) in zip(spans, spans[1:]):
+        assert (start - base) % ALIGN == 0 and start + nbytes <= next_start
+    assert spans[-1][0] + spans[-1][1] - base <= buffers.block.layout.nbytes
+    # the kernel structs: the block's address plus each field's offset, in declaration order
+    for group, struct in zip(groups, buffers.structs()):
+        addresses = np.frombuffer(struct.tobytes(), dtype=np.uint64)
+        offsets = [a.ctypes.data - base for a in group.args()]
+        assert addresses.tolist() == [(1 << 40) + o for o in offsets]
+
+
 @gpu
 def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays():
     import cupy
@@ -101,6 +150,11 @@ def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays():
     starts = sorted((a.data.ptr, a.nbytes) for a in arrays)
     for (ptr, nbytes), (next_ptr, _) in zip(starts, starts[1:]):
         assert ptr % ALIGN == 0 and ptr + nbytes <= next_ptr  # aligned, no overlap
+    # the structs the kernel gets hold the views' addresses
+    views = [buffers.events, buffers.refs, buffers.nodes, buffers.scratch]
+    for group, struct in zip(views, buffers.structs()):
+        assert np.frombuffer(struct.tobytes(), np.uint64).tolist() == [
+            a.data.ptr for a in group.args()]
     # every array is usable: write each, read back
     for i, a in enumerate(arrays):
         a[...] = i % 2

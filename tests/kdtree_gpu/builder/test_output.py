@@ -1,0 +1,68 @@
+"""The GPU builder's tree output (kdtree_gpu/builder/gpu/output.py), on NumPy.
+
+TreeOutput only allocates, slices and copies, so NumPy stands in for CuPy:
+growth keeps what was written and nothing else, and the finished arrays are
+views of small buffers (bounded slack) and copies of the others.
+"""
+
+import numpy as np
+
+from kdtree_gpu.builder.gpu.output import VIEW_SLACK, TreeOutput
+
+
+def _fill(out, num_nodes, num_leaf_refs):
+    for k, a in enumerate(out.nodes.args()):
+        a[:num_nodes] = np.arange(num_nodes) + k
+    out.leaf[:num_leaf_refs] = np.arange(num_leaf_refs) * 3
+
+
+def test_growing_keeps_what_was_written():
+    out = TreeOutput(np)
+    assert out.node_capacity == 0 and out.leaf_capacity == 0
+    out.reserve(10, 20, 0, 0)
+    assert out.node_capacity >= 10 and out.leaf_capacity >= 20
+    _fill(out, 7, 5)
+    out.reserve(100, 300, 7, 5)
+    assert out.node_capacity >= 100 and out.leaf_capacity >= 300
+    for k, a in enumerate(out.nodes.args()):
+        assert np.array_equal(a[:7], (np.arange(7) + k).astype(a.dtype))
+    assert np.array_equal(out.leaf[:5], np.arange(5) * 3)
+
+
+def test_a_reserve_within_capacity_changes_nothing():
+    out = TreeOutput(np, 64, 64)
+    before = [a for a in out.nodes.args()] + [out.leaf]
+    out.reserve(64, 10, 3, 3)
+    assert all(a is b for a, b in zip(before, [*out.nodes.args(), out.leaf]))
+
+
+def test_growth_at_least_doubles():
+    out = TreeOutput(np, 100, 100)
+    out.reserve(101, 101)
+    assert out.node_capacity == 200 and out.leaf_capacity == 200
+
+
+def test_small_buffers_finish_as_views_and_large_ones_as_copies():
+    out = TreeOutput(np, 1000, 1000)
+    _fill(out, 990, 999)
+    buffers = [*out.nodes.args(), out.leaf]
+    arrays = out.finish(990, 999, keep_below=1 << 20)
+    assert [a.shape for a in arrays.values()] == [(990,)] * 4 + [(999,)]
+    assert all(np.shares_memory(a, b) for a, b in zip(arrays.values(), buffers))
+    assert out.nodes is None and out.leaf is None  # the buffers are let go
+
+    out = TreeOutput(np, 1000, 1000)
+    _fill(out, 990, 999)
+    buffers = [*out.nodes.args(), out.leaf]
+    arrays = out.finish(990, 999)  # keep_below=0: every buffer may be workspace memory
+    assert not any(np.shares_memory(a, b) for a, b in zip(arrays.values(), buffers))
+    assert np.array_equal(arrays["leaf_tris"], np.arange(999) * 3)
+
+
+def test_a_view_never_holds_more_than_the_slack():
+    rows = VIEW_SLACK + 1000  # int8 node_axis: more than VIEW_SLACK unused bytes
+    out = TreeOutput(np, rows, 16)
+    arrays = out.finish(999, 16, keep_below=1 << 30)
+    for name, a in arrays.items():
+        base = a.base if a.base is not None else a
+        assert base.nbytes - a.nbytes <= VIEW_SLACK, name
