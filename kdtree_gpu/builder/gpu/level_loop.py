@@ -19,6 +19,7 @@ from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
+from .output import grown
 from .workspace import BlockLayout
 
 _loop_cache: dict = {}
@@ -200,7 +201,5 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
-            grown = cp.empty((2 * need_deferred, enc.SMALL_RECORD), dtype=np.int32)
-            grown[:state.num_deferred] = state.deferred[:state.num_deferred]
-            state.deferred = grown
+            state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
         workspace.trim()

@@ -16,6 +16,16 @@ from ..soa import TreeNodeSoA
 VIEW_SLACK = 1 << 15
 
 
+def grown(xp, arr, rows: int, keep: int):
+    """A new array of ``rows`` rows (``arr``'s other dimensions and dtype) holding
+    ``arr``'s first ``keep`` rows: a buffer that outgrew its capacity."""
+    bigger = xp.empty((rows, *arr.shape[1:]), dtype=arr.dtype)
+    keep = min(int(keep), arr.shape[0], rows)
+    if keep:
+        bigger[:keep] = arr[:keep]
+    return bigger
+
+
 class TreeOutput:
     """Device node arrays (a :class:`TreeNodeSoA`) and the leaf list, grown by doubling."""
 
@@ -35,11 +45,8 @@ class TreeOutput:
     def _grow(self, arr, need, used):
         if need <= arr.shape[0]:
             return arr
-        bigger = self.cp.empty(max(need, 2 * arr.shape[0]), dtype=arr.dtype)
-        used = arr.shape[0] if used is None else min(used, arr.shape[0])
-        if used:
-            bigger[:used] = arr[:used]
-        return bigger
+        return grown(self.cp, arr, max(need, 2 * arr.shape[0]),
+                     arr.shape[0] if used is None else used)
 
     def reserve(self, num_nodes: int, num_leaf_refs: int, used_nodes=None,
                 used_leaf_refs=None) -> None:

@@ -7,7 +7,7 @@ views of small buffers (bounded slack) and copies of the others.
 
 import numpy as np
 
-from kdtree_gpu.builder.gpu.output import VIEW_SLACK, TreeOutput
+from kdtree_gpu.builder.gpu.output import VIEW_SLACK, TreeOutput, grown
 
 
 def _fill(out, num_nodes, num_leaf_refs):
@@ -66,3 +66,12 @@ def test_a_view_never_holds_more_than_the_slack():
     for name, a in arrays.items():
         base = a.base if a.base is not None else a
         assert base.nbytes - a.nbytes <= VIEW_SLACK, name
+
+
+def test_a_grown_buffer_keeps_its_first_rows():
+    records = np.arange(30, dtype=np.int32).reshape(10, 3)
+    bigger = grown(np, records, 25, 4)
+    assert bigger.shape == (25, 3) and bigger.dtype == np.int32
+    assert np.array_equal(bigger[:4], records[:4])
+    assert grown(np, records, 25, 0).shape == (25, 3)
+    assert np.array_equal(grown(np, records, 25, 99)[:10], records)  # at most what there is
