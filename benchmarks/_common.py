@@ -108,6 +108,31 @@ def gpu_time_ms(fn, repeats, warmup):
     return statistics.median(times), times
 
 
+def run_fresh(package_root, module, function, *args, timeout=600):
+    """``module.function(*args)`` in a fresh Python process that imports the
+    package at ``package_root`` (this checkout or an earlier one); returns the
+    JSON record the function prints last.
+
+    ``kdtree_gpu`` is imported first, from ``package_root``: importing this
+    module would otherwise put this checkout first on the path.
+
+    Raises
+    ------
+    RuntimeError
+        The process failed (its last line of stderr).
+    """
+    import json
+
+    code = ("import sys; sys.path[:0] = [%r, %r]; import kdtree_gpu; import %s; %s.%s(*%r)"
+            % (str(package_root), str(ROOT / "benchmarks"), module, module, function, args))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=timeout)
+    if out.returncode != 0:
+        lines = out.stderr.strip().splitlines()
+        raise RuntimeError(lines[-1] if lines else f"exit {out.returncode}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
 def optix_table(peers_dir):
     """{mesh: {"build_ms", "compact_ms", "primary_mrays", ...}} from h200_optix.md."""
     path = Path(peers_dir) / "results" / "h200_optix.md"

@@ -27,13 +27,12 @@ Writes ``build_memory_<gpu>.json`` and ``.md`` under ``--out``.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from _common import (ROOT, gpu_benchmark_parser, gpu_slug, md_head, md_row, optix_table,
-                     run_meshes, start_gpu_benchmark)
+                     run_fresh, run_meshes, start_gpu_benchmark)
 
 MESHES = ["cornell_box", "stanford_bunny", "happy_buddha_100k", "stanford_armadillo",
           "conference", "stanford_armadillo@sub1", "stanford_armadillo@sub2"]
@@ -91,22 +90,6 @@ def measure(spec, mesh_dir, repeats):
                       keep_held_bytes=int(pool.total_bytes() - total0 + workspace.held_bytes()))
         workspace.release_cached()
     print(json.dumps(record))
-
-
-def run_fresh(spec, args, package_root):
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
-        [str(package_root), str(ROOT / "benchmarks"), os.environ.get("PYTHONPATH", "")]))
-    # kdtree_gpu is imported first: _common puts this repository first on sys.path
-    code = ("import sys; sys.path[:0] = [%r, %r]; import kdtree_gpu; "
-            "import bench_build_memory as b; "
-            "b.measure(%r, %r, %d)") % (str(package_root), str(ROOT / "benchmarks"), spec,
-                                        args.mesh_dir, args.repeats)
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
-                         timeout=args.timeout)
-    if out.returncode != 0:
-        raise RuntimeError(out.stderr.strip().splitlines()[-1] if out.stderr.strip()
-                           else f"exit {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def markdown(result):
@@ -172,10 +155,13 @@ def main():
             capture_output=True, text=True).stdout.strip() or Path(args.baseline_root).name
 
     def bench_one(spec):
-        record = run_fresh(spec, args, ROOT)
+        record = run_fresh(ROOT, "bench_build_memory", "measure", spec, str(args.mesh_dir),
+                           args.repeats, timeout=args.timeout)
         if args.baseline_root:
             try:
-                record["baseline"] = run_fresh(spec, args, Path(args.baseline_root).resolve())
+                record["baseline"] = run_fresh(
+                    Path(args.baseline_root).resolve(), "bench_build_memory", "measure", spec,
+                    str(args.mesh_dir), args.repeats, timeout=args.timeout)
             except Exception as exc:
                 record["baseline"] = {"error": str(exc)}
         return record

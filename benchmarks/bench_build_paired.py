@@ -26,14 +26,13 @@ from __future__ import annotations
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, git_commit, gpu_slug, md_head, md_row, utc_now
+from _common import ROOT, git_commit, gpu_slug, md_head, md_row, run_fresh, utc_now
 
 MESHES = ["cornell_box", "suzanne", "stanford_bunny", "stanford_armadillo", "conference"]
 
@@ -77,22 +76,6 @@ def measure(mesh_file, builds, warmup, inputs, device):
             record[f"{spec}/{kind}"] = {"triangles": int(F.shape[0]), "median_ms": float(p50),
                                         "p10_ms": float(p10), "p90_ms": float(p90)}
     print(json.dumps(record))
-
-
-def run_fresh(package_root, mesh_file, args):
-    """One fresh process importing the package at ``package_root``."""
-    # kdtree_gpu is imported first, from package_root: _common would
-    # otherwise put this checkout first on the path
-    code = ("import sys; sys.path[:0] = [%r, %r]; import kdtree_gpu; "
-            "import bench_build_paired as b; b.measure(%r, %d, %d, %r, %r)") % (
-        str(package_root), str(ROOT / "benchmarks"), str(mesh_file), args.builds, args.warmup,
-        args.inputs, args.device)
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         timeout=args.timeout, cwd=str(package_root))
-    if out.returncode != 0:
-        lines = out.stderr.strip().splitlines()
-        raise RuntimeError(lines[-1] if lines else f"exit {out.returncode}")
-    return json.loads(out.stdout.strip().splitlines()[-1])
 
 
 def summarize(rounds):
@@ -188,7 +171,9 @@ def main():
             run = {}
             for name, root in order:
                 print(f"# round {k + 1}: {name}", file=sys.stderr, flush=True)
-                run[name] = run_fresh(root, mesh_file, args)
+                run[name] = run_fresh(root, "bench_build_paired", "measure", str(mesh_file),
+                                      args.builds, args.warmup, args.inputs, args.device,
+                                      timeout=args.timeout)
             result["runs"].append(run)
     result["summary"] = summarize(result["runs"])
     out = Path(args.out)

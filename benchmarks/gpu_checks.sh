@@ -27,6 +27,7 @@ if [ ! -d "$KDTREE_GPU_MESH_DIR" ] && [ -f .meshes.tar.xz ]; then
   mkdir -p "$KDTREE_GPU_MESH_DIR" && tar xJf .meshes.tar.xz -C "$KDTREE_GPU_MESH_DIR"
 fi
 export PYTHONUNBUFFERED=1
+baseline_commit=$(cat .baseline/.commit 2>/dev/null || echo baseline)
 # A copy of the tree on a remote GPU machine names its commit in .commit (or
 # $KDTREE_GPU_COMMIT); a .git there may be stale, so it is asked last.
 export KDTREE_GPU_COMMIT=${KDTREE_GPU_COMMIT:-$(cat .commit 2>/dev/null || git rev-parse --short HEAD 2>/dev/null || echo unknown)}
@@ -51,13 +52,13 @@ for step in "${@:-tests}"; do
     render) python3 benchmarks/gpu_render_check.py --out "$out" 2>&1 | tail -40 ;;
     first-hit) python3 benchmarks/bench_first_hit.py --peers-dir .peers --out "$out" 2>&1 \
              | tee "$out/bench_first_hit.log" | tail -20 ;;
-    baseline-build) (cd .baseline && KDTREE_GPU_COMMIT=$(cat .commit 2>/dev/null || echo baseline) PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_build.py \
+    baseline-build) (cd .baseline && KDTREE_GPU_COMMIT=$baseline_commit PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_build.py \
              --out "$out/baseline" --no-cold --no-cpu --repeats 5 --mesh-dir "$KDTREE_GPU_MESH_DIR" \
              --meshes cornell_box suzanne stanford_bunny stanford_armadillo conference \
              stanford_armadillo@sub1 2>&1 | grep -v '^|' | tail -12) ;;
     build-paired) python3 benchmarks/bench_build_paired.py --baseline-root .baseline --out "$out" 2>&1 \
              | tee "$out/bench_build_paired.log" | tail -16 ;;
-    baseline-traversal) (cd .baseline && KDTREE_GPU_COMMIT=$(cat .commit 2>/dev/null || echo baseline) PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_traversal.py \
+    baseline-traversal) (cd .baseline && KDTREE_GPU_COMMIT=$baseline_commit PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_traversal.py \
              --peers-dir ../.peers --no-peers --out "$out/baseline" \
              --mesh-dir "$KDTREE_GPU_MESH_DIR" 2>&1 | tail -20) ;;
     *) echo "unknown step $step"; status=2 ;;
