@@ -244,14 +244,15 @@ class LoopSettings(ScalarStruct):
     def for_build(cfg, max_depth: int, small_refs: int, max_level_events: int = 0):
         """The kernel argument for a build under ``cfg`` (``SAHConfig``); made
         once per distinct set of values (a build launches with the same few)."""
-        return _loop_settings(int(max_level_events), int(max_depth), cfg.leaf_size,
-                              int(cfg.axes == "longest"), cfg.k_traversal, cfg.k_intersect,
-                              cfg.empty_bonus, int(small_refs))
+        return _loop_settings(max_level_events=int(max_level_events), max_depth=int(max_depth),
+                              leaf_size=cfg.leaf_size, longest_only=int(cfg.axes == "longest"),
+                              k_traversal=cfg.k_traversal, k_intersect=cfg.k_intersect,
+                              empty_bonus=cfg.empty_bonus, small_refs=int(small_refs))
 
 
 @functools.lru_cache(maxsize=256)
-def _loop_settings(*values):
-    return LoopSettings(*values).struct()  # shared by every launch with these values
+def _loop_settings(**values):
+    return LoopSettings(**values).struct()  # shared by every launch with these values
 
 
 # Every struct the CUDA sources see, in dependency order (kdtree_gpu.kernels
