@@ -37,12 +37,15 @@ from _common import ROOT, git_commit, gpu_slug, md_head, md_row, run_fresh, utc_
 MESHES = ["cornell_box", "suzanne", "stanford_bunny", "stanford_armadillo", "conference"]
 
 
-def measure(mesh_file, builds, warmup, inputs, device):
+def measure(mesh_file, builds, warmup, inputs, device, settings=None):
     """This process: every mesh of ``mesh_file`` (an ``.npz`` the parent wrote, the
-    same arrays for both versions) and input kind; prints one JSON record."""
+    same arrays for both versions) and input kind; prints one JSON record.
+    ``settings``: ``GpuSettings`` fields for ``kd.build`` (default: none given)."""
     import numpy as np
 
     import kdtree_gpu as kd
+
+    options = {"settings": kd.GpuSettings(**settings)} if settings else {}
 
     if device == "cpu":
         def sync():
@@ -64,12 +67,12 @@ def measure(mesh_file, builds, warmup, inputs, device):
                 continue
             args = (V, F) if kind == "host" else (to_device(V), to_device(F))
             for _ in range(warmup):
-                kd.build(*args, device=device)
+                kd.build(*args, device=device, **options)
             times = []
             for _ in range(builds):
                 sync()
                 start = time.perf_counter()
-                kd.build(*args, device=device)
+                kd.build(*args, device=device, **options)
                 sync()
                 times.append(1e3 * (time.perf_counter() - start))
             p10, p50, p90 = np.percentile(times, [10, 50, 90])
@@ -78,11 +81,12 @@ def measure(mesh_file, builds, warmup, inputs, device):
     print(json.dumps(record))
 
 
-def summarize(rounds):
-    """Per mesh/input: both versions' medians per round, and the ratio per round."""
+def summarize(rounds, name="current"):
+    """Per mesh/input: the medians per round of version ``name`` and of the
+    baseline, and their ratio per round."""
     rows = {}
     for r in rounds:
-        for key, now in r["current"].items():
+        for key, now in r[name].items():
             before = r["baseline"].get(key)
             row = rows.setdefault(key, {"triangles": now["triangles"], "current": [],
                                         "baseline": [], "ratio": []})
@@ -91,34 +95,40 @@ def summarize(rounds):
                 row["baseline"].append(before["median_ms"])
                 row["ratio"].append(now["median_ms"] / before["median_ms"])
     for row in rows.values():
-        for name in ("current", "baseline", "ratio"):
-            row[f"{name}_median"] = statistics.median(row[name]) if row[name] else None
+        for field in ("current", "baseline", "ratio"):
+            row[f"{field}_median"] = statistics.median(row[field]) if row[field] else None
     return rows
 
 
 def markdown(result):
     lines = [f"# Paired warm builds on {result['device']}", "",
              f"current `{result['commit']}` vs baseline `{result['baseline']}`, {result['date']}. "
-             f"{result['rounds']} rounds; each round runs both in fresh processes, back to back, "
-             "alternating which goes first; per process the median of "
+             f"{result['rounds']} rounds; each round runs every version in a fresh process, back "
+             "to back, rotating which goes first; per process the median of "
              f"{result['builds']} builds after {result['warmup']} warm-up builds, each "
              "`kd.build(V, F)` from the call to the end of a device synchronization. Inputs: "
-             "host = NumPy arrays, device = CuPy arrays. Ratio: current / baseline within a "
-             "round (below 1: current is faster).", ""]
-    lines += md_head("mesh", "input", "triangles", "current ms (rounds)", "baseline ms (rounds)",
-                     "ratio (rounds)", "current ms", "baseline ms", "ratio",
-                     left=("mesh", "input"))
-    for key, row in result["summary"].items():
-        mesh, kind = key.split("/")
+             "host = NumPy arrays, device = CuPy arrays. Ratio: version / baseline within a "
+             "round (below 1: the version is faster)."]
+    if result.get("current_settings"):
+        lines[-1] += (" current+settings: this checkout with "
+                      f"`GpuSettings(**{result['current_settings']})`.")
+    lines.append("")
+    lines += md_head("mesh", "input", "version", "triangles", "version ms (rounds)",
+                     "baseline ms (rounds)", "ratio (rounds)", "version ms", "baseline ms",
+                     "ratio", left=("mesh", "input", "version"))
 
-        def listed(values, fmt="{:.3f}"):
-            return " / ".join(fmt.format(v) for v in values) or "-"
+    def listed(values, fmt="{:.3f}"):
+        return " / ".join(fmt.format(v) for v in values) or "-"
 
-        lines.append(md_row(
-            mesh, kind, f"{row['triangles']:,}", listed(row["current"]), listed(row["baseline"]),
-            listed(row["ratio"], "{:.2f}"), f"{row['current_median']:.3f}",
-            f"{row['baseline_median']:.3f}" if row["baseline_median"] else "-",
-            f"{row['ratio_median']:.2f}" if row["ratio_median"] else "-"))
+    for name, summary in result["summary"].items():
+        for key, row in summary.items():
+            mesh, kind = key.split("/")
+            lines.append(md_row(
+                mesh, kind, name, f"{row['triangles']:,}", listed(row["current"]),
+                listed(row["baseline"]), listed(row["ratio"], "{:.2f}"),
+                f"{row['current_median']:.3f}",
+                f"{row['baseline_median']:.3f}" if row["baseline_median"] else "-",
+                f"{row['ratio_median']:.2f}" if row["ratio_median"] else "-"))
     return "\n".join(lines) + "\n"
 
 
@@ -140,6 +150,9 @@ def main():
                         help="where kd.build runs (cpu: a check of this script without a GPU)")
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results"))
     parser.add_argument("--timeout", type=int, default=600)
+    parser.add_argument("--current-settings", type=json.loads, default=None,
+                        help="also run this checkout with these GpuSettings fields (JSON "
+                             "object, e.g. '{\"keep_workspace\": true}') as a third version")
     args = parser.parse_args()
     baseline = Path(args.baseline_root).resolve()
     if args.device == "cpu":
@@ -155,7 +168,8 @@ def main():
         label = commit_file.read_text().strip() if commit_file.is_file() else baseline.name
     result = {"device": device_name, "commit": git_commit(), "baseline": label,
               "date": utc_now(), "rounds": args.rounds, "builds": args.builds,
-              "warmup": args.warmup, "meshes": args.meshes, "runs": []}
+              "warmup": args.warmup, "meshes": args.meshes,
+              "current_settings": args.current_settings, "runs": []}
     from bench_build import load
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -164,18 +178,20 @@ def main():
         for spec in args.meshes:
             arrays[f"{spec}/V"], arrays[f"{spec}/F"] = load(spec, args.mesh_dir)
         np.savez(mesh_file, **arrays)
+        versions = [("current", ROOT, None), ("baseline", baseline, None)]
+        if args.current_settings:
+            versions.append(("current+settings", ROOT, args.current_settings))
         for k in range(args.rounds):
-            order = [("current", ROOT), ("baseline", baseline)]
-            if k % 2:
-                order.reverse()
+            shift = k % len(versions)
             run = {}
-            for name, root in order:
+            for name, root, settings in versions[shift:] + versions[:shift]:
                 print(f"# round {k + 1}: {name}", file=sys.stderr, flush=True)
                 run[name] = run_fresh(root, "bench_build_paired", "measure", str(mesh_file),
                                       args.builds, args.warmup, args.inputs, args.device,
-                                      timeout=args.timeout)
+                                      settings, timeout=args.timeout)
             result["runs"].append(run)
-    result["summary"] = summarize(result["runs"])
+    result["summary"] = {name: summarize(result["runs"], name)
+                         for name, _, _ in versions if name != "baseline"}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     stem = f"build_paired_{'cpu' if args.device == 'cpu' else gpu_slug(device_name)}"

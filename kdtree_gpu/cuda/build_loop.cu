@@ -263,15 +263,10 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
             if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS) {
                 long long slot = (long long)atomicAdd(
                     (unsigned long long*)&status[KD_LOOP_DEFER_NEXT], 1ull);
-                int* rec = deferred + slot * KD_SMALL_RECORD;
-                rec[0] = (int)(level_base + i);
-                rec[1] = (int)level;
-                rec[2] = (int)(leaf_ref_base + KD_HIGH(s.split_leaf_ex[i]));
-                rec[3] = (int)(node_ref_offset[i + 1] - node_ref_offset[i]);
-                for (int k = 0; k < 3; ++k) {
-                    rec[4 + k] = __float_as_int(lo[3 * i + k]);
-                    rec[7 + k] = __float_as_int(hi[3 * i + k]);
-                }
+                kd_small_write_record(deferred + slot * KD_SMALL_RECORD, (int)(level_base + i),
+                                      (int)level, leaf_ref_base + KD_HIGH(s.split_leaf_ex[i]),
+                                      (int)(node_ref_offset[i + 1] - node_ref_offset[i]),
+                                      lo + 3 * i, hi + 3 * i);
             }
         });
         float* child_pos = lvl_events.event_pos + nxt * cap_events;

@@ -109,19 +109,6 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     return best;
 }
 
-__device__ __forceinline__ void kd_small_write_record(int* rec, int node, int depth, long long start,
-                                                      int count, const float* lo, const float* hi)
-{
-    rec[0] = node;
-    rec[1] = depth;
-    rec[2] = (int)start;
-    rec[3] = count;
-    for (int k = 0; k < 3; ++k) {
-        rec[4 + k] = __float_as_int(lo[k]);
-        rec[7 + k] = __float_as_int(hi[k]);
-    }
-}
-
 // One level of the small nodes' subtrees, one warp per node: the nodes of
 // every deferred subtree at the same distance below its root (their depths
 // differ). A node is a record of KD_SMALL_RECORD int32 (tree node, depth,
