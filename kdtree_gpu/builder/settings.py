@@ -78,6 +78,13 @@ class GpuSettings:
         build ends (:mod:`kdtree_gpu.builder.gpu.workspace`); smaller ones
         from CuPy's current allocator, which keeps them for the next build
         (making them anew costs about 0.07 ms each on an H200).
+    loop_blocks : int
+        Blocks of the level-loop kernel's cooperative grid; 0 (the default):
+        from the start level's events
+        (:func:`kdtree_gpu.builder.gpu.level_loop.loop_grid`), at most as many
+        as the device holds at once. Every stage of a level ends at a grid
+        barrier, whose cost grows with the blocks: a small mesh's levels
+        are mostly barriers, a large mesh's levels are mostly work.
     keep_workspace : bool
         Keep the workspace's blocks cached when the build ends (False: give
         them back). Making them anew costs each build a few allocations
@@ -95,11 +102,12 @@ class GpuSettings:
     small_refs: int = 0
     small_records: int = 0
     workspace_block: int = 4 << 20
+    loop_blocks: int = 0
     keep_workspace: bool = False
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_records": (0, None),
-                  "workspace_block": (1, None)}
+                  "workspace_block": (1, None), "loop_blocks": (0, None)}
         for name, (lo, hi) in limits.items():
             value = getattr(self, name)
             if not _is_int(value) or value < lo or (hi is not None and value > hi):

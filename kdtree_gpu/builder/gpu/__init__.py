@@ -51,6 +51,7 @@ class LoopState:
     done: bool = False
     workspace: object = None  # Workspace: the build's device memory
     launches: int = 0  # launches of the level-loop kernel
+    loop_blocks: list = dataclasses.field(default_factory=list)  # the grid of each launch
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
     deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
     num_deferred: int = 0
@@ -86,7 +87,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         that the first query launches nothing else.
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
-        ran, else "stages"), loop_launches, stage_levels (the levels run with
+        ran, else "stages"), loop_launches, loop_blocks (the cooperative
+        grid of each launch), stage_levels (the levels run with
         one launch per stage), small_subtrees (nodes whose subtree one warp
         built), depth, num_degenerate, bounds, peak_device_bytes (the most
         device memory the build held at once, mesh and tree included:
@@ -142,7 +144,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     arrays.update(vertices=V_d, faces=F_d)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
-            "loop_launches": state.launches, "stage_levels": state.stage_levels,
+            "loop_launches": state.launches, "loop_blocks": state.loop_blocks,
+            "stage_levels": state.stage_levels,
             "small_subtrees": state.num_deferred, "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate,
             # the workspace's and the caller's pool's high-water mark, and the mesh

@@ -52,6 +52,29 @@ def level_loop_kernel(cp):
     return result
 
 
+# The auto grid gives each thread about this many events of the widest level
+# a launch can expect (3.5x its start level's: default_loop_capacity) per pass.
+LOOP_EVENTS_PER_THREAD = 4
+
+
+def loop_grid(num_events: int, resident: int, settings) -> int:
+    """Blocks of a level-loop launch that starts at a level of ``num_events`` events.
+
+    Each of a level's stages ends at a grid barrier whose cost grows with
+    the blocks; a pass over a level's events costs a memory round trip per
+    grid-strided step. A small mesh's levels are mostly barriers, so it gets
+    few blocks; a mesh whose widest level fills every resident block's
+    threads ``LOOP_EVENTS_PER_THREAD`` times gets them all.
+    ``settings.loop_blocks`` > 0 chooses the number (at most ``resident``).
+    The tree does not depend on the grid: every scan and reduction of the
+    kernel is over integers or an exact minimum.
+    """
+    if settings.loop_blocks:
+        return min(settings.loop_blocks, resident)
+    widest = 7 * num_events // 2
+    return max(1, min(resident, -(-widest // (enc.LOOP_BLOCK * LOOP_EVENTS_PER_THREAD))))
+
+
 @functools.lru_cache(maxsize=64)
 def _buffer_layout(cap_events: int, cap_refs: int, cap_nodes: int) -> BlockLayout:
     # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
@@ -129,7 +152,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     LoopState
         Done, or the first level whose children are too large for the loop.
     """
-    kernel, grid = loop
+    kernel, resident = loop
     workspace = state.workspace
     if state.stage_levels:
         # Blocks cached from larger levels run by stages cannot hold the
@@ -142,7 +165,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     cap_n = max(state.nodes.size, cap_n)
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree,
                 state.level_base, state.leaf_ref_base)
-    block_sum = cp.empty(3 * grid, dtype=np.int64)
+    block_sum = cp.empty(3 * resident, dtype=np.int64)
     loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs, max_events)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4)
@@ -159,12 +182,14 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         status = np.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
         status[enc.LOOP_DEFER_NEXT] = state.num_deferred
         status = cp.asarray(status)
+        grid = loop_grid(state.events.size, resident, settings)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
                 start.struct(), *buffers.structs(), block_sum, out.nodes.struct(),
                 out.leaf, state.deferred, capacity.struct(), loop_settings, status),
                block=enc.LOOP_BLOCK)
         state.launches += 1
+        state.loop_blocks.append(grid)
         workspace.sample()  # both levels, the scratch and the tree: the loop's high-water mark
         with stage(xp=cp, description="read_level_counts"):
             # One read for all the levels of the launch.

@@ -229,6 +229,45 @@ def test_gpu_level_loop_grid_fits_the_device():
 
 
 @gpu
+@pytest.mark.parametrize("blocks", [1, 3, 0, 1 << 20])
+@pytest.mark.parametrize("scene", ["soup", "grid", "suzanne"])
+def test_gpu_level_loop_grid_does_not_change_the_tree(blocks, scene, mesh_path):
+    # 0: the grid from the start level's events; 1 << 20: more than the
+    # device holds at once, so every resident block.
+    import cupy
+
+    rng = np.random.default_rng(blocks + 7)
+    V, F = {"soup": lambda: soup(rng, 3000, scale=0.02), "grid": lambda: grid_soup(rng, 2000),
+            "suzanne": lambda: kd.load_mesh(mesh_path("suzanne"))}[scene]()
+    settings = GpuSettings(loop_blocks=blocks)
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    resident = level_loop.level_loop_kernel(cupy)[1]
+    grids = tree.build_info["loop_blocks"]
+    assert len(grids) == tree.build_info["loop_launches"] >= 1
+    assert all(1 <= g <= resident for g in grids)
+    if blocks:
+        assert grids == [min(blocks, resident)] * len(grids)
+    else:  # the first launch starts at the root, whose sizes build_info keeps
+        root_events = tree.build_info["level_sizes"][0][2]
+        assert grids[0] == level_loop.loop_grid(root_events, resident, settings) < resident
+
+
+def test_loop_grid_from_the_start_level():
+    per_block = kd.encoding.LOOP_BLOCK * level_loop.LOOP_EVENTS_PER_THREAD
+    auto = GpuSettings()
+    assert level_loop.loop_grid(0, 264, auto) == 1
+    assert level_loop.loop_grid(10, 264, auto) == 1
+    # the widest level is taken as 3.5x the start level
+    assert level_loop.loop_grid(2 * per_block, 264, auto) == 7
+    assert level_loop.loop_grid(10 ** 9, 264, auto) == 264
+    assert level_loop.loop_grid(10, 264, GpuSettings(loop_blocks=5)) == 5
+    assert level_loop.loop_grid(10 ** 9, 264, GpuSettings(loop_blocks=500)) == 264
+    with pytest.raises(ValueError, match="loop_blocks"):
+        GpuSettings(loop_blocks=-1)
+
+
+@gpu
 @pytest.mark.parametrize("name", ["suzanne", "stanford_bunny"])
 def test_gpu_stage_launches_equal_reference_on_real_meshes(name, mesh_path):
     V, F = kd.load_mesh(mesh_path(name))
