@@ -54,7 +54,12 @@ def level_loop_kernel(cp):
 
 # The auto grid gives each thread about this many events of the widest level
 # a launch can expect (3.5x its start level's: default_loop_capacity) per pass.
-LOOP_EVENTS_PER_THREAD = 4
+# Measured on an H200 (loop kernel alone, blocks 1 to 264): suzanne (5.8k root
+# events) 2.78 ms with 1 block, 1.06 with 8, 0.91 with 32-64, 1.13 with all
+# 264; cornell_box (216) 0.37 ms with 1-132 blocks, 0.46 with 264; the bunny
+# and larger are fastest with every block. One event per thread picks 40
+# blocks for suzanne and 2 for the Cornell box.
+LOOP_EVENTS_PER_THREAD = 1
 
 
 def loop_grid(num_events: int, resident: int, settings) -> int:
