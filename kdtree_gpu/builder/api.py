@@ -183,9 +183,11 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
         with _out_of_memory_is_memory_error(xp, F.shape[0]):
             arrays, layout, info = build_levels_cuda(
                 xp, cfg, V, F, loop="grid" if kernels == "fused" else "stages", settings=settings)
-        tree = KdTree(**arrays, bounds=xp.asarray(info.pop("bounds")), config=cfg,
-                      num_degenerate=info.pop("num_degenerate"),
-                      build_info={"builder": "levels", **info})
+        bounds = info.pop("bounds")
+        arrays["bounds"] = xp.asarray(bounds, dtype=np.float32).reshape(2, 3)
+        tree = KdTree._from_builder(arrays, f"cuda:{layout.device_id}", cfg,
+                                    info.pop("num_degenerate"), {"builder": "levels", **info},
+                                    host_bounds=bounds)
         tree._device_cache[("layout", layout.device_id)] = layout
         return tree
     node_axis, node_split, node_child, node_count, leaf_tris = host

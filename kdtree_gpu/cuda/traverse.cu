@@ -269,38 +269,37 @@ template __global__ void kd_trace<true, true>(const int2*, const float4*, KdTrac
 
 // --- the traversal layout, packed on the device ------------------------------------
 
-// Packed node i (encoding.pack_nodes): split bits times the trace scale, or
-// the leaf's triangle count; (child or leaf offset << KD_PACK_SHIFT) | axis.
-extern "C" __global__ void kd_pack_nodes(KdTreeNodes tree, long long num_nodes, float scale,
-                                         int2* __restrict__ packed)
+// The whole layout in one launch (a small tree's build pays per launch):
+// thread i packs node i, if there is one, and leaf reference i, if there is one.
+// Node i (encoding.pack_nodes): split bits times the trace scale, or the
+// leaf's triangle count; (child or leaf offset << KD_PACK_SHIFT) | axis.
+// Reference r: the three vertices (times the trace scale) of its triangle,
+// in leaf_tris order; the first vertex's .w holds the triangle id.
+extern "C" __global__ void kd_pack_layout(KdTreeNodes tree, long long num_nodes,
+                                          const int* __restrict__ leaf_tris, long long num_refs,
+                                          const float* __restrict__ vertices,
+                                          const int* __restrict__ faces, float scale,
+                                          int2* __restrict__ packed_nodes,
+                                          float4* __restrict__ packed_tris)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= num_nodes) return;
-    const int axis = tree.node_axis[i];
-    int2 out;
-    out.x = axis == KD_AXIS_LEAF ? tree.node_count[i]
-                                 : __float_as_int(__fmul_rn(tree.node_split[i], scale));
-    out.y = (tree.node_child[i] << KD_PACK_SHIFT) | axis;
-    packed[i] = out;
-}
-
-// The three vertices (times the trace scale) of leaf reference r, in
-// leaf_tris order; the first vertex's .w holds the triangle id.
-extern "C" __global__ void kd_pack_triangles(const int* __restrict__ leaf_tris,
-                                             long long num_refs,
-                                             const float* __restrict__ vertices,
-                                             const int* __restrict__ faces, float scale,
-                                             float4* __restrict__ packed)
-{
-    const long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (r >= num_refs) return;
-    const int t = leaf_tris[r];
-    for (int j = 0; j < 3; ++j) {
-        const long long v = faces[3 * (long long)t + j];
-        float4 out = make_float4(__fmul_rn(vertices[3 * v], scale),
-                                 __fmul_rn(vertices[3 * v + 1], scale),
-                                 __fmul_rn(vertices[3 * v + 2], scale), 0.0f);
-        if (j == 0) out.w = __int_as_float(t);
-        packed[3 * r + j] = out;
+    if (i < num_nodes) {
+        const int axis = tree.node_axis[i];
+        int2 out;
+        out.x = axis == KD_AXIS_LEAF ? tree.node_count[i]
+                                     : __float_as_int(__fmul_rn(tree.node_split[i], scale));
+        out.y = (tree.node_child[i] << KD_PACK_SHIFT) | axis;
+        packed_nodes[i] = out;
+    }
+    if (i < num_refs) {
+        const int t = leaf_tris[i];
+        for (int j = 0; j < 3; ++j) {
+            const long long v = faces[3 * (long long)t + j];
+            float4 out = make_float4(__fmul_rn(vertices[3 * v], scale),
+                                     __fmul_rn(vertices[3 * v + 1], scale),
+                                     __fmul_rn(vertices[3 * v + 2], scale), 0.0f);
+            if (j == 0) out.w = __int_as_float(t);
+            packed_tris[3 * i + j] = out;
+        }
     }
 }

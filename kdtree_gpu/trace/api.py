@@ -40,6 +40,7 @@ import numpy as np
 from .. import encoding as enc
 from ..arrays import device_of, is_device_array, library, like, on_gpu, to_cupy, to_numpy
 from ..device import CPU, Device, parse_device, resolve_device
+from .gpu import BadRayRecord, trace
 
 _PROBLEMS = {
     enc.RAY_BAD_ORIGIN: "a NaN or infinite value in its origin",
@@ -195,7 +196,8 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
         import cupy
 
         current = cupy.cuda.runtime.getDevice() == dev.index
-        direct = _kernel_out(cupy, out, any_hit, origins) if current else None
+        direct = (_kernel_out(cupy, out, any_hit, origins)
+                  if current and out is not None else None)
         with (contextlib.nullcontext() if current else dev.use()), _stream_of(origins):
             results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
         if direct is not None:
@@ -305,20 +307,24 @@ def _kernel_out(cupy, out, any_hit, origins):
 def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
     import cupy
 
-    from .gpu import bad_ray_record, trace
-
     O, D = _ray_arrays(cupy, origins, directions)
     n = O.shape[0]
     if n > np.iinfo(np.int32).max:
         raise ValueError(f"too many rays for one launch: {n}")
     t0, t1 = (_interval(cupy, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
-    status = cupy.zeros(2, dtype=np.uint64) if check else None
-    hits = trace(tree, O, D, t0, t1, any_hit=any_hit, out=out, status=status)
-    if check:
-        # the one device-to-host read of a checked query: the bad-ray record
-        count, first, kind = bad_ray_record(status)
-        if count:
-            raise ValueError(bad_ray_message(first, kind, count, O, D, t0, t1))
+    record = BadRayRecord.current(cupy) if check else None
+    try:
+        hits = trace(tree, O, D, t0, t1, any_hit=any_hit, out=out,
+                     status=None if record is None else record.device)
+        if record is not None:
+            # the one synchronization of a checked query: the bad-ray record
+            count, first, kind = record.read()
+            record = None
+    finally:
+        if record is not None:  # interrupted before the read: zero for the next query
+            record.reset()
+    if check and count:
+        raise ValueError(bad_ray_message(first, kind, count, O, D, t0, t1))
     if any_hit:
         return (hits.hit_any,)
     return hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v

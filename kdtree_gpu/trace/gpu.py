@@ -15,7 +15,7 @@ The traversal layout of a tree (:class:`TraversalLayout`)
                                     ``float4`` each, so that a leaf's triangles
                                     are contiguous 16-byte loads; the first
                                     vertex's ``w`` holds the triangle id
-Both are packed on the device (``kd_pack_nodes``, ``kd_pack_triangles``):
+Both are packed on the device, in one launch (``kd_pack_layout``):
 the GPU builder packs them as its last step, and a tree that lives elsewhere
 (built on the CPU, loaded from a file) is copied to the device as it is and
 packed there on its first query. Split positions and vertices are stored
@@ -138,10 +138,9 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
     tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
     tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    launch("pack layout: nodes", get_function(TRAVERSE_SOURCE, "kd_pack_nodes"), num_nodes,
-           (tree_nodes.struct(), np.int64(num_nodes), scale, nodes))
-    launch("pack layout: triangles", get_function(TRAVERSE_SOURCE, "kd_pack_triangles"),
-           num_refs, (leaf_tris, np.int64(num_refs), vertices, faces, scale, tris))
+    launch("pack layout", get_function(TRAVERSE_SOURCE, "kd_pack_layout"),
+           max(num_nodes, num_refs), (tree_nodes.struct(), np.int64(num_nodes), leaf_tris,
+                                      np.int64(num_refs), vertices, faces, scale, nodes, tris))
     return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
 
@@ -310,23 +309,70 @@ def occluded_counted_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf):
     return h.hit_any, h.ray_nodes, h.ray_tests
 
 
-def bad_ray_record(status) -> tuple:
-    """Read a status record (one small device-to-host copy).
+class BadRayRecord:
+    """Where a checked query's kernel counts bad rays, and the read of it.
 
-    Returns
-    -------
-    count : int
-        Bad rays of the launch.
-    first : int or None
-        Index of the first one.
-    kind : int
-        Its problem (``encoding.RAY_BAD_*``; 0 when there is none).
+    A device record (zero between queries) that the traversal kernel counts
+    into, and a pinned host copy of it, one pair per (device, stream,
+    thread). :meth:`read` queues the copy to the host and the reset of the
+    device record behind the traversal on the stream, then waits for the
+    stream: a checked query's one synchronization, with nothing allocated
+    and no blocking copy (the reset makes the record ready for the next
+    query on the stream).
     """
-    count, first = (int(x) for x in status.get())
-    if count == 0:
-        return 0, None, 0
-    packed = ~first & 0xFFFFFFFFFFFFFFFF
-    return count, packed >> enc.RAY_KIND_BITS, packed & ((1 << enc.RAY_KIND_BITS) - 1)
+
+    __slots__ = ("device", "host", "stream")
+    _records: dict = {}  # (device id, stream pointer, thread id) -> BadRayRecord
+
+    def __init__(self, cupy, stream):
+        import cupyx
+
+        self.device = cupy.zeros(2, dtype=np.uint64)
+        self.host = cupyx.empty_pinned(2, dtype=np.uint64)
+        self.stream = stream
+
+    @classmethod
+    def current(cls, cupy) -> "BadRayRecord":
+        """The record of the current device, stream and thread (made on first use)."""
+        import threading
+
+        stream = cupy.cuda.get_current_stream()
+        key = (cupy.cuda.runtime.getDevice(), stream.ptr, threading.get_ident())
+        record = cls._records.get(key)
+        if record is None:
+            if len(cls._records) >= 64:  # threads and streams come and go
+                cls._records.clear()
+            record = cls._records[key] = cls(cupy, stream)
+        return record
+
+    def read(self) -> tuple:
+        """Wait for the stream and decode the record (then zero again on the device).
+
+        Returns
+        -------
+        count : int
+            Bad rays of the query.
+        first : int or None
+            Index of the first one.
+        kind : int
+            Its problem (``encoding.RAY_BAD_*``; 0 when there is none).
+        """
+        self.reset(copy=True)
+        self.stream.synchronize()
+        count, first = int(self.host[0]), int(self.host[1])
+        if count == 0:
+            return 0, None, 0
+        packed = ~first & 0xFFFFFFFFFFFFFFFF
+        return count, packed >> enc.RAY_KIND_BITS, packed & ((1 << enc.RAY_KIND_BITS) - 1)
+
+    def reset(self, copy: bool = False) -> None:
+        """Queue the zeroing of the device record (after its copy to the host)."""
+        from cupy.cuda import runtime
+
+        if copy:
+            runtime.memcpyAsync(self.host.ctypes.data, self.device.data.ptr, self.host.nbytes,
+                                runtime.memcpyDeviceToHost, self.stream.ptr)
+        runtime.memsetAsync(self.device.data.ptr, 0, self.device.nbytes, self.stream.ptr)
 
 
 def brute_intersect_gpu(vertices, faces, origins, directions, tmin, tmax):

@@ -102,6 +102,31 @@ class KdTree:
                               node_count=node_count, leaf_tris=leaf_tris, bounds=bounds,
                               vertices=vertices, faces=faces))
 
+    @classmethod
+    def _from_builder(cls, arrays: dict, device: str, config: SAHConfig, num_degenerate: int,
+                      build_info: dict, host_bounds=None) -> "KdTree":
+        """A tree of a builder's arrays, taken as they are (no checks, no copies).
+
+        For the GPU builder's own output, whose dtypes, shapes and device are
+        what :meth:`_set_arrays` would make them (a test holds it to that):
+        checking and converting eight arrays is a tenth of a small build.
+        ``host_bounds``: the NumPy bounds the builder already read, kept as the
+        host copy.
+        """
+        tree = cls.__new__(cls)
+        tree.config = config
+        tree.num_degenerate = int(num_degenerate)
+        tree.build_info = build_info
+        tree._arrays = dict(arrays)
+        tree._host = {}
+        tree._device_cache = {}
+        tree.device = device
+        if host_bounds is not None:
+            host = np.array(host_bounds, dtype=ARRAY_DTYPES["bounds"]).reshape(2, 3)
+            host.flags.writeable = False
+            tree._host["bounds"] = host
+        return tree
+
     def _set_arrays(self, arrays: dict, check_shapes: bool = True) -> None:
         """Replace arrays (all on one device: NumPy, or CuPy on one GPU) and check shapes."""
         from ..arrays import device_of, library

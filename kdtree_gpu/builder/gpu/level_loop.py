@@ -184,9 +184,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
                                 tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity,
                                 deferred=state.deferred.shape[0])
-        status = np.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
-        status[enc.LOOP_DEFER_NEXT] = state.num_deferred
-        status = cp.asarray(status)
+        # zeroed on the device (queued; an upload would wait for the copy)
+        status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
+        if state.num_deferred:
+            status[enc.LOOP_DEFER_NEXT] = state.num_deferred
         grid = loop_grid(state.events.size, resident, settings)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
