@@ -313,6 +313,7 @@ def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
         raise ValueError(f"too many rays for one launch: {n}")
     t0, t1 = (_interval(cupy, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
     record = BadRayRecord.current(cupy) if check else None
+    count = 0
     try:
         hits = trace(tree, O, D, t0, t1, any_hit=any_hit, out=out,
                      status=None if record is None else record.device)
@@ -323,7 +324,7 @@ def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
     finally:
         if record is not None:  # interrupted before the read: zero for the next query
             record.reset()
-    if check and count:
+    if count:
         raise ValueError(bad_ray_message(first, kind, count, O, D, t0, t1))
     if any_hit:
         return (hits.hit_any,)

@@ -36,6 +36,7 @@ counts such rays and keeps the first (:func:`bad_ray_message` names it).
 from __future__ import annotations
 
 import dataclasses
+import threading
 
 import numpy as np
 
@@ -334,8 +335,6 @@ class BadRayRecord:
     @classmethod
     def current(cls, cupy) -> "BadRayRecord":
         """The record of the current device, stream and thread (made on first use)."""
-        import threading
-
         stream = cupy.cuda.get_current_stream()
         key = (cupy.cuda.runtime.getDevice(), stream.ptr, threading.get_ident())
         record = cls._records.get(key)
