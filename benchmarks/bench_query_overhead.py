@@ -8,7 +8,8 @@ ray: host work only; ``--width`` x ``--height`` primary rays from
 ``peer_bench.make_primary_rays``), on CuPy arrays:
 
 * wall clock of one call and its synchronization (median of ``--repeats``
-  after ``--warmup``): the kernel alone (the traversal launch with its
+  after ``--warmup``, timed as bench_traversal.py times its single calls):
+  the kernel alone (the traversal launch with its
   arguments made in advance, ``trace.gpu.prepared_launch``), and through
   the public API ``tree.intersect`` checked (the default), unchecked
   (``check=False``) and into preallocated outputs (``out=``, checked);
@@ -26,12 +27,12 @@ Writes ``query_overhead_<gpu>.json`` and ``.md``.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 
 from _common import gpu_benchmark_parser, gpu_slug, md_head, md_row, run_meshes, start_gpu_benchmark
 from bench_first_hit import load
+from bench_traversal import time_wall
 
 DEFAULT_MESHES = ["stanford_bunny", "conference"]
 
@@ -41,20 +42,6 @@ def parse_args(argv=None):
     parser.add_argument("--calls", type=int, default=1000,
                         help="calls per host-time measurement")
     return parser.parse_args(argv)
-
-
-def wall_us(fn, sync, repeats, warmup):
-    """Median microseconds of ``fn()`` followed by a synchronization."""
-    for _ in range(warmup):
-        fn()
-    sync()
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(1e6 * (time.perf_counter() - start))
-    return statistics.median(times)
 
 
 def host_us(fn, sync, calls, warmup):
@@ -81,6 +68,11 @@ def bench_mesh(spec, args, pb):
     tree = kd.build(cupy.asarray(V), cupy.asarray(F))
     O, D = pb.make_primary_rays(V, args.width, args.height)
     record = {"mesh": spec, "triangles": int(F.shape[0]), "sets": []}
+    reps, warm = args.repeats, args.warmup
+
+    def wall_us(fn):  # as bench_traversal's single calls (peer_bench's timing)
+        return 1e6 * time_wall(pb, fn, reps, warm)
+
     for O_h, D_h in ((O[:1], D[:1]), (O, D)):
         Od = cupy.asarray(O_h, dtype=cupy.float32)
         Dd = cupy.asarray(D_h, dtype=cupy.float32)
@@ -91,14 +83,12 @@ def bench_mesh(spec, args, pb):
         got, want = tree.intersect(Od, Dd, out=out), tree.intersect(Od, Dd)
         if not all(bool((a == b).all()) for a, b in zip(got[:2], want[:2])):
             raise RuntimeError(f"{spec}: out= gave other hits than a plain query")
-        reps, warm = args.repeats, args.warmup
         row = {
             "rays": n,
-            "kernel_wall_us": wall_us(launch, sync, reps, warm),
-            "api_wall_us": wall_us(lambda: tree.intersect(Od, Dd), sync, reps, warm),
-            "unchecked_wall_us": wall_us(lambda: tree.intersect(Od, Dd, check=False), sync,
-                                         reps, warm),
-            "out_wall_us": wall_us(lambda: tree.intersect(Od, Dd, out=out), sync, reps, warm),
+            "kernel_wall_us": wall_us(launch),
+            "api_wall_us": wall_us(lambda: tree.intersect(Od, Dd)),
+            "unchecked_wall_us": wall_us(lambda: tree.intersect(Od, Dd, check=False)),
+            "out_wall_us": wall_us(lambda: tree.intersect(Od, Dd, out=out)),
         }
         if n == 1:
             calls = args.calls
