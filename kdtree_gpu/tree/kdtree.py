@@ -91,13 +91,7 @@ class KdTree:
     def __init__(self, node_axis, node_split, node_child, node_count, leaf_tris, bounds, vertices,
                  faces, config: SAHConfig, num_degenerate: int = 0,
                  build_info: Optional[dict] = None):
-        self.config = config
-        self.num_degenerate = int(num_degenerate)
-        self.build_info = {} if build_info is None else build_info
-        self._arrays = {}  # name -> array on self.device (NumPy on the CPU, CuPy on a GPU)
-        self._host = {}  # name -> NumPy copy of a device array
-        self._device_cache = {}  # derived data: traversal layouts per device, ...
-        self.device = "cpu"
+        self._start(config, num_degenerate, build_info)
         self._set_arrays(dict(node_axis=node_axis, node_split=node_split, node_child=node_child,
                               node_count=node_count, leaf_tris=leaf_tris, bounds=bounds,
                               vertices=vertices, faces=faces))
@@ -115,18 +109,24 @@ class KdTree:
         host copy.
         """
         tree = cls.__new__(cls)
-        tree.config = config
-        tree.num_degenerate = int(num_degenerate)
-        tree.build_info = build_info
+        tree._start(config, num_degenerate, build_info)
         tree._arrays = dict(arrays)
-        tree._host = {}
-        tree._device_cache = {}
         tree.device = device
         if host_bounds is not None:
             host = np.array(host_bounds, dtype=ARRAY_DTYPES["bounds"]).reshape(2, 3)
             host.flags.writeable = False
             tree._host["bounds"] = host
         return tree
+
+    def _start(self, config: SAHConfig, num_degenerate: int, build_info: Optional[dict]) -> None:
+        """Everything but the arrays (both constructors)."""
+        self.config = config
+        self.num_degenerate = int(num_degenerate)
+        self.build_info = {} if build_info is None else build_info
+        self._arrays = {}  # name -> array on self.device (NumPy on the CPU, CuPy on a GPU)
+        self._host = {}  # name -> NumPy copy of a device array
+        self._device_cache = {}  # derived data: traversal layouts per device, ...
+        self.device = "cpu"
 
     def _set_arrays(self, arrays: dict, check_shapes: bool = True) -> None:
         """Replace arrays (all on one device: NumPy, or CuPy on one GPU) and check shapes."""
