@@ -80,6 +80,7 @@ GPU_COMPILE_MESSAGE = ("kdtree-gpu: compiling GPU kernels for sm_{arch}, once pe
 
 _module_cache: dict = {}
 _function_cache: dict = {}
+_pointer_cache: dict = {}  # as _function_cache: (CUfunction, the RawKernel keeping it loaded)
 _announced = False
 
 
@@ -298,6 +299,24 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
     return function
 
 
+def get_function_pointer(filename: str, name: str, options: Sequence[str] = (),
+                         name_expressions=None) -> int:
+    """The ``CUfunction`` of :func:`get_function`'s kernel on the current device (memoized).
+
+    For launches through the driver (:class:`kdtree_gpu.launch.PackedLaunch`).
+    The cache entry also holds the ``RawKernel``, which keeps its module
+    loaded as long as the address is handed out.
+    """
+    import cupy
+
+    key = (cupy.cuda.runtime.getDevice(), filename, name, tuple(options))
+    entry = _pointer_cache.get(key)
+    if entry is None:
+        kernel = get_function(filename, name, options, name_expressions)
+        entry = _pointer_cache[key] = (kernel.kernel.ptr, kernel)
+    return entry[0]
+
+
 def cache_dir() -> Path:
     """Where the package keeps its per-machine stamps (``KDTREE_GPU_CACHE_DIR``)."""
     return Path(os.environ.get("KDTREE_GPU_CACHE_DIR") or Path.home() / ".cache" / "kdtree_gpu")
@@ -333,6 +352,7 @@ def clear_cache() -> None:
     """Forget every compiled module and function (sources are re-read next time)."""
     _module_cache.clear()
     _function_cache.clear()
+    _pointer_cache.clear()
 
 
 def find_nvcc() -> Optional[str]:

@@ -34,9 +34,13 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import struct
 import sys
+import threading
 import time
-from typing import Optional
+from typing import Optional, Sequence
+
+import numpy as np
 
 DEFAULT_BLOCK = 256
 # Pending event pairs above this count are converted to times when they are
@@ -277,17 +281,29 @@ def launch(description: str, kernel, n: int, args: tuple, block: int = DEFAULT_B
     if not 1 <= block <= 1024:
         raise ValueError(f"launch {description!r}: block must be in 1..1024, got {block}")
     grid = (n + block - 1) // block
+    if _active_profiler is None and not _debug:
+        try:
+            kernel((grid,), (block,), args, shared_mem=shared_mem)
+            return
+        except Exception as exc:
+            raise _launch_error(description, kernel, n, grid, block, exc) from exc
+    _observed(description, kernel, n, grid, block,
+              lambda: kernel((grid,), (block,), args, shared_mem=shared_mem))
+
+
+def _observed(description, kernel, n, grid, block, call) -> None:
+    """Run ``call`` (one launch) under the active profiler and the debug switch."""
     profiler = _active_profiler
     try:
         if profiler is None:
-            kernel((grid,), (block,), args, shared_mem=shared_mem)
+            call()
         else:
             import cupy
 
             start = cupy.cuda.Event()
             end = cupy.cuda.Event()
             start.record()
-            kernel((grid,), (block,), args, shared_mem=shared_mem)
+            call()
             end.record()
             profiler.add_events(description, start, end, nested=_stage_depth > 0)
         if _debug:
@@ -297,11 +313,139 @@ def launch(description: str, kernel, n: int, args: tuple, block: int = DEFAULT_B
     except LaunchError:
         raise
     except Exception as exc:
-        name = getattr(kernel, "name", type(kernel).__name__)
-        raise LaunchError(
-            f"launch {description!r} (kernel {name}, n={n}, grid={grid}, block={block}) failed: "
-            f"{type(exc).__name__}: {exc}"
-        ) from exc
+        raise _launch_error(description, kernel, n, grid, block, exc) from exc
+
+
+def _launch_error(description, kernel, n, grid, block, exc) -> LaunchError:
+    name = getattr(kernel, "name", type(kernel).__name__)
+    return LaunchError(f"launch {description!r} (kernel {name}, n={n}, grid={grid}, "
+                       f"block={block}) failed: {type(exc).__name__}: {exc}")
+
+
+# struct module codes of the scalar types kernel parameters are made of
+_STRUCT_CODES = {
+    np.dtype(np.float32): "f", np.dtype(np.float64): "d", np.dtype(np.int8): "b",
+    np.dtype(np.uint8): "B", np.dtype(np.bool_): "?", np.dtype(np.int32): "i",
+    np.dtype(np.uint32): "I", np.dtype(np.int64): "q", np.dtype(np.uint64): "Q",
+}
+
+
+def _struct_format(dtype: np.dtype) -> str:
+    """The :mod:`struct` format of an aligned NumPy dtype: its scalars in offset order, padding as ``x``."""
+    parts, at = [], 0
+    for name, (field, offset) in sorted(dtype.fields.items(), key=lambda item: item[1][1]):
+        parts.append("x" * (offset - at))
+        parts.append(_struct_format(field) if field.fields else _STRUCT_CODES[field])
+        at = offset + field.itemsize
+    parts.append("x" * (dtype.itemsize - at))
+    return "".join(parts)
+
+
+class PackedLaunch:
+    """A kernel's parameter list packed into one block and launched through the driver.
+
+    CuPy's ``RawKernel`` call inspects every argument at each launch (9 us of
+    host time for the traversal's six parameters on an H200 machine, where
+    ``cuLaunchKernel`` itself takes 4 us); a query that is one launch wants
+    less. Here the parameter list is declared once, in the kernel's order,
+    each parameter a NumPy scalar dtype (a pointer is ``uint64``) or a class
+    whose generated C struct the kernel takes by value
+    (:class:`kdtree_gpu.soa.ScalarStruct`, :class:`kdtree_gpu.soa.SoA`). A
+    launch packs the values, flattened in that order (struct fields in
+    declaration order, ``0`` for a null pointer), with one
+    ``struct.pack_into`` into a block of this thread and hands
+    ``cuLaunchKernel`` the address of each parameter in it; the driver copies
+    the parameters at the call, so the block is free again when it returns.
+
+    Parameters
+    ----------
+    kernel_name : str
+        For error messages.
+    parameters : sequence of (name, type)
+    """
+
+    def __init__(self, kernel_name: str, parameters: Sequence):
+        from .soa import struct_dtype
+
+        self.name = kernel_name
+        def dtype(kind):
+            scalar = isinstance(kind, np.dtype) or (isinstance(kind, type)
+                                                    and issubclass(kind, np.generic))
+            return np.dtype(kind) if scalar else struct_dtype(kind)
+
+        block = np.dtype([(name, dtype(kind)) for name, kind in parameters], align=True)
+        self._struct = struct.Struct("<" + _struct_format(block))
+        if self._struct.size != block.itemsize:
+            raise AssertionError(f"{kernel_name}: packed parameters take {self._struct.size} "
+                                 f"bytes, the aligned block {block.itemsize}")
+        self._offsets = np.array([block.fields[name][1] for name, _ in parameters], np.uint64)
+        self._local = threading.local()  # a launch may release the GIL: one block per thread
+
+    def _block(self):
+        blocks = self._local.__dict__.get("blocks")
+        if blocks is None:
+            data = np.zeros(self._struct.size, np.uint8)
+            pointers = self._offsets + np.uint64(data.ctypes.data)
+            # the arrays stay referenced here, so their addresses stay valid
+            blocks = self._local.blocks = (data, pointers, pointers.ctypes.data)
+        return blocks
+
+    def __call__(self, description: str, function: int, n: int, block: int, values: tuple,
+                 stream: int) -> None:
+        """Launch ``ceil(n / block)`` blocks of ``function`` (a ``CUfunction``) on ``stream``.
+
+        ``n`` is a host integer (``0``: nothing is launched); errors raise
+        :class:`LaunchError` naming ``description``; the active profiler and
+        the debug switch apply as in :func:`launch`.
+        """
+        from cupy_backends.cuda.api import driver
+
+        if n <= 0:
+            return
+        data, _, address = self._block()
+        grid = (n + block - 1) // block
+        if _active_profiler is None and not _debug:
+            try:
+                self._struct.pack_into(data, 0, *values)
+                driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0)
+                return
+            except Exception as exc:
+                raise _launch_error(description, self, n, grid, block, exc) from exc
+
+        def call():
+            self._struct.pack_into(data, 0, *values)
+            driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0)
+
+        _observed(description, self, n, grid, block, call)
+
+    @property
+    def offsets(self) -> tuple:
+        """Where each parameter starts in the block (bytes)."""
+        return tuple(int(x) for x in self._offsets)
+
+    def pack(self, values: tuple) -> np.ndarray:
+        """A new block (uint8) holding ``values``, padding zero."""
+        data = np.zeros(self._struct.size, np.uint8)
+        self._struct.pack_into(data, 0, *values)
+        return data
+
+    def prepared(self, function: int, n: int, block: int, values: tuple, stream: int):
+        """A callable that launches with these values, packed now into a block of its own.
+
+        For timing the kernel alone: each call is one ``cuLaunchKernel``.
+        """
+        from cupy_backends.cuda.api import driver
+
+        data = self.pack(values)
+        pointers = self._offsets + np.uint64(data.ctypes.data)
+        address = pointers.ctypes.data
+        grid = (n + block - 1) // block
+
+        def call():
+            driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0)
+
+        call.arrays = (data, pointers)  # alive as long as the callable: the addresses stay valid
+        return call
 
 
 @contextlib.contextmanager

@@ -94,15 +94,15 @@ class SoA:
     @property
     def size(self) -> int:
         """``n``: the rows of the first field (which has scale 1, extra 0)."""
-        return int(getattr(self, _field_names(type(self))[0]).shape[0])
+        return int(getattr(self, field_names(type(self))[0]).shape[0])
 
     def arrays(self) -> dict:
         """``{field name: array}`` in declaration order."""
-        return {name: getattr(self, name) for name in _field_names(type(self))}
+        return {name: getattr(self, name) for name in field_names(type(self))}
 
     def args(self) -> tuple:
         """The fields in declaration order: the kernel parameters of this SoA."""
-        return tuple(getattr(self, name) for name in _field_names(type(self)))
+        return tuple(getattr(self, name) for name in field_names(type(self)))
 
     def struct(self):
         """The by-value kernel argument: device addresses in the layout of :func:`cuda_struct`.
@@ -111,9 +111,11 @@ class SoA:
         declaration order (no padding), handed over as opaque bytes
         (:func:`as_kernel_argument`).
         """
-        cls = type(self)
-        return cls.struct_of_addresses([_address(getattr(self, name))
-                                        for name in _field_names(cls)])
+        return type(self).struct_of_addresses(self.addresses())
+
+    def addresses(self) -> list:
+        """The fields' addresses in declaration order (``0`` for ``None``): the struct's values."""
+        return [_address(getattr(self, name)) for name in field_names(type(self))]
 
     @classmethod
     def struct_of_addresses(cls, addresses):
@@ -123,7 +125,7 @@ class SoA:
     @classmethod
     def of(cls, **arrays):
         """An instance with the given fields and ``None`` (null) for the others."""
-        return cls(**{name: arrays.get(name) for name in _field_names(cls)})
+        return cls(**{name: arrays.get(name) for name in field_names(cls)})
 
 
 class ScalarStruct:
@@ -143,7 +145,7 @@ class ScalarStruct:
         """The values as a one-element NumPy structured array of :func:`struct_dtype`."""
         cls = type(self)
         value = np.zeros(1, dtype=struct_dtype(cls))  # padding bytes zero, not garbage
-        value[0] = tuple(getattr(self, name) for name in _field_names(cls))
+        value[0] = tuple(getattr(self, name) for name in field_names(cls))
         return value
 
 
@@ -164,7 +166,8 @@ def _fields(cls) -> tuple:
 
 
 @functools.lru_cache(maxsize=None)
-def _field_names(cls) -> tuple:
+def field_names(cls) -> tuple:
+    """The names of a struct's or SoA's fields, in declaration order (the C order)."""
     return tuple(f.name for f in _fields(cls))
 
 

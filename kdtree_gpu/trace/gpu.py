@@ -41,13 +41,23 @@ import threading
 import numpy as np
 
 from .. import encoding as enc
-from ..kernels import get_function
-from ..launch import launch
+from ..kernels import get_function, get_function_pointer
+from ..launch import PackedLaunch, launch
 from ..mesh import degenerate_mask, validate_mesh
-from ..soa import as_kernel_argument
+from ..soa import field_names
 from .soa import HitSoA, RaySoA, TraceParams
 
 TRAVERSE_SOURCE = "traverse.cu"
+# kd_trace's parameter list (cuda/traverse.cu), packed for the driver: a query
+# is one launch, and CuPy's RawKernel call costs twice the driver's
+_TRACE_LAUNCH = PackedLaunch("kd_trace", (("nodes", np.uint64), ("tris", np.uint64),
+                                          ("p", TraceParams), ("rays", RaySoA), ("hits", HitSoA),
+                                          ("status", np.uint64)))
+# TraceParams' last fields are each query's; the others come with the layout
+_QUERY_FIELDS = ("tmin", "tmax", "num_rays")
+_FIXED_FIELDS = field_names(TraceParams)[:-len(_QUERY_FIELDS)]
+if field_names(TraceParams)[-len(_QUERY_FIELDS):] != _QUERY_FIELDS:
+    raise ImportError(f"TraceParams must end with the query's fields {_QUERY_FIELDS}")
 BRUTE_SOURCE = "brute.cu"
 _KERNEL_NAMES = {(a, c): f"kd_trace<{'true' if a else 'false'}, {'true' if c else 'false'}>"
                  for a in (False, True) for c in (False, True)}
@@ -78,32 +88,17 @@ class TraversalLayout:
 
     def __post_init__(self):
         # The kernel parameters' box and scale, made with the layout (in the
-        # build) so that the first query costs what any later one does.
+        # build) so that the first query costs what any later one does: the
+        # values of TraceParams' fields before the query's own.
         lo, hi = (self.bounds.astype(np.float32) * np.float32(self.scale)).tolist()
-        self._params = TraceParams(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1],
-                                   hi_z=hi[2], scale=self.scale, tmin=0.0, tmax=np.inf,
-                                   num_rays=0).fields()
-        self._by_query = {}  # (num_rays, tmin, tmax) -> the struct (bytes; copied at launch)
+        box = dict(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
+                   scale=self.scale)
+        self.fixed = tuple(box[name] for name in _FIXED_FIELDS)
 
     def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
-        """The kernel's :class:`TraceParams` struct for ``num_rays`` rays with one interval.
-
-        Returns
-        -------
-        (1,) NumPy structured array
-            The by-value kernel argument (the box and scale come from the
-            template made with the layout: a query spends no time on them).
-        """
-        key = (num_rays, tmin, tmax)
-        value = self._by_query.get(key)
-        if value is None:
-            # a renderer or a training loop asks the same few sizes again and again
-            if len(self._by_query) >= 16:
-                self._by_query.clear()
-            value = self._params.copy()
-            value["tmin"], value["tmax"], value["num_rays"] = tmin, tmax, num_rays
-            value = self._by_query[key] = as_kernel_argument(value)
-        return value
+        """The kernels' :class:`TraceParams` struct (by-value argument) for these rays."""
+        return TraceParams(**dict(zip(_FIXED_FIELDS, self.fixed)), tmin=tmin, tmax=tmax,
+                           num_rays=num_rays).struct()
 
 
 def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, vertices, faces,
@@ -146,15 +141,17 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
                            device_id=cp.cuda.runtime.getDevice())
 
 
-def traversal_layout(tree) -> TraversalLayout:
+def traversal_layout(tree, device_id=None) -> TraversalLayout:
     """The tree's traversal layout on the current device (packed there once, then cached).
 
     A tree built on this GPU already holds it. Otherwise the tree's arrays
     are copied to the device as they are (no host packing) and packed there.
+    ``device_id`` is the current device's, when the caller has it.
     """
     import cupy
 
-    device_id = cupy.cuda.runtime.getDevice()
+    if device_id is None:
+        device_id = cupy.cuda.runtime.getDevice()
     key = ("layout", device_id)
     layout = tree._device_cache.get(key)
     if layout is None:
@@ -194,42 +191,54 @@ def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, co
     import cupy
 
     num_rays = int(origins.shape[0])
-    layout = traversal_layout(tree)
-    scalar_min = tmin if isinstance(tmin, (int, float, np.floating, np.integer)) else None
-    scalar_max = tmax if isinstance(tmax, (int, float, np.floating, np.integer)) else None
-    rays = RaySoA(origins, directions, None if scalar_min is not None else tmin,
-                  None if scalar_max is not None else tmax)
-    params = layout.params(num_rays, 0.0 if scalar_min is None else scalar_min,
-                           np.inf if scalar_max is None else scalar_max)
+    device_id = cupy.cuda.runtime.getDevice()
+    layout = traversal_layout(tree, device_id)
     if out is None:
-        empty = cupy.empty
-        if any_hit:
-            out = HitSoA.of(hit_any=empty(num_rays, dtype=cupy.bool_))
-        else:
-            out = HitSoA.of(hit_t=empty(num_rays, dtype=cupy.float32),
-                            hit_tri=empty(num_rays, dtype=cupy.int32),
-                            hit_u=empty(num_rays, dtype=cupy.float32),
-                            hit_v=empty(num_rays, dtype=cupy.float32))
-        if counted:
-            out.ray_nodes = empty(num_rays, dtype=cupy.int32)
-            out.ray_tests = empty(num_rays, dtype=cupy.int32)
-    launch(_DESCRIPTIONS[any_hit, counted], _trace_kernel(any_hit, counted), num_rays,
-           (layout.nodes, layout.tris, params, rays.struct(), out.struct(), status),
-           block=enc.TRAVERSE_BLOCK)
+        out = _outputs(cupy, num_rays, any_hit, counted)
+    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, counted], _trace_function(any_hit, counted), num_rays,
+                  enc.TRAVERSE_BLOCK,
+                  _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status),
+                  cupy.cuda.get_current_stream().ptr)
     return out
 
 
-def _trace_kernel(any_hit, counted):
-    return get_function(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
-                        name_expressions=tuple(_KERNEL_NAMES.values()))
+def _outputs(cupy, num_rays, any_hit, counted) -> HitSoA:
+    empty = cupy.empty
+    if any_hit:
+        out = HitSoA.of(hit_any=empty(num_rays, dtype=cupy.bool_))
+    else:
+        out = HitSoA.of(hit_t=empty(num_rays, dtype=cupy.float32),
+                        hit_tri=empty(num_rays, dtype=cupy.int32),
+                        hit_u=empty(num_rays, dtype=cupy.float32),
+                        hit_v=empty(num_rays, dtype=cupy.float32))
+    if counted:
+        out.ray_nodes = empty(num_rays, dtype=cupy.int32)
+        out.ray_tests = empty(num_rays, dtype=cupy.int32)
+    return out
+
+
+def _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status) -> tuple:
+    """kd_trace's parameters, flattened as :data:`_TRACE_LAUNCH` packs them."""
+    scalar_min = isinstance(tmin, (int, float, np.floating, np.integer))
+    scalar_max = isinstance(tmax, (int, float, np.floating, np.integer))
+    rays = RaySoA(origins, directions, None if scalar_min else tmin, None if scalar_max else tmax)
+    return (layout.nodes.data.ptr, layout.tris.data.ptr, *layout.fixed,
+            tmin if scalar_min else 0.0, tmax if scalar_max else np.inf, num_rays,
+            *rays.addresses(), *out.addresses(), 0 if status is None else status.data.ptr)
+
+
+def _trace_function(any_hit, counted) -> int:
+    return get_function_pointer(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
+                                name_expressions=tuple(_KERNEL_NAMES.values()))
 
 
 def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=False):
     """The traversal kernel with every argument made in advance: ``launch()`` runs it.
 
     For timing the kernel alone (benchmarks): each call is one kernel launch
-    on the current stream and nothing else, into the same output arrays.
-    ``tmin`` and ``tmax`` are numbers.
+    (``cuLaunchKernel`` with parameters packed in advance) on the current
+    stream and nothing else, into the same output arrays. ``tmin`` and
+    ``tmax`` are numbers.
 
     Returns
     -------
@@ -237,15 +246,16 @@ def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=Fa
     hits : HitSoA
         The outputs every launch writes.
     """
+    import cupy
+
     num_rays = int(origins.shape[0])
     layout = traversal_layout(tree)
     hits = trace(tree, origins, directions, tmin, tmax, any_hit=any_hit)
-    args = (layout.nodes, layout.tris, layout.params(num_rays, tmin, tmax),
-            RaySoA(origins, directions, None, None).struct(), hits.struct(), None)
-    kernel = _trace_kernel(any_hit, False)
-    grid = ((num_rays + enc.TRAVERSE_BLOCK - 1) // enc.TRAVERSE_BLOCK,)
-    block = (enc.TRAVERSE_BLOCK,)
-    return (lambda: kernel(grid, block, args)), hits
+    values = _trace_values(layout, origins, directions, tmin, tmax, num_rays, hits, None)
+    launch_ = _TRACE_LAUNCH.prepared(_trace_function(any_hit, False), num_rays,
+                                     enc.TRAVERSE_BLOCK, values,
+                                     cupy.cuda.get_current_stream().ptr)
+    return launch_, hits
 
 
 def intersect_gpu(tree, origins, directions, tmin=0.0, tmax=np.inf, out=None):
@@ -315,14 +325,14 @@ class BadRayRecord:
 
     A device record (zero between queries) that the traversal kernel counts
     into, and a pinned host copy of it, one pair per (device, stream,
-    thread). :meth:`read` queues the copy to the host and the reset of the
-    device record behind the traversal on the stream, then waits for the
-    stream: a checked query's one synchronization, with nothing allocated
-    and no blocking copy (the reset makes the record ready for the next
-    query on the stream).
+    thread). :meth:`read` queues the copy to the host behind the traversal
+    on the stream, then waits for the stream: a checked query's one
+    synchronization, with nothing allocated and no blocking copy. The kernel
+    writes the record only for bad rays, so only then is it zeroed again
+    (queued on the stream, ready for the next query there).
     """
 
-    __slots__ = ("device", "host", "stream")
+    __slots__ = ("device", "host", "stream", "_addresses")
     _records: dict = {}  # (device id, stream pointer, thread id) -> BadRayRecord
 
     def __init__(self, cupy, stream):
@@ -331,6 +341,7 @@ class BadRayRecord:
         self.device = cupy.zeros(2, dtype=np.uint64)
         self.host = cupyx.empty_pinned(2, dtype=np.uint64)
         self.stream = stream
+        self._addresses = (self.host.ctypes.data, self.device.data.ptr, self.host.nbytes, stream.ptr)
 
     @classmethod
     def current(cls, cupy) -> "BadRayRecord":
@@ -345,7 +356,7 @@ class BadRayRecord:
         return record
 
     def read(self) -> tuple:
-        """Wait for the stream and decode the record (then zero again on the device).
+        """Wait for the stream and decode the record (zeroed again on the device if written).
 
         Returns
         -------
@@ -356,21 +367,22 @@ class BadRayRecord:
         kind : int
             Its problem (``encoding.RAY_BAD_*``; 0 when there is none).
         """
-        self.reset(copy=True)
+        from cupy.cuda import runtime
+
+        host, device, nbytes, stream = self._addresses
+        runtime.memcpyAsync(host, device, nbytes, runtime.memcpyDeviceToHost, stream)
         self.stream.synchronize()
         count, first = int(self.host[0]), int(self.host[1])
         if count == 0:
-            return 0, None, 0
+            return 0, None, 0  # the kernel wrote nothing: the record is still zero
+        self.reset()
         packed = ~first & 0xFFFFFFFFFFFFFFFF
         return count, packed >> enc.RAY_KIND_BITS, packed & ((1 << enc.RAY_KIND_BITS) - 1)
 
-    def reset(self, copy: bool = False) -> None:
-        """Queue the zeroing of the device record (after its copy to the host)."""
+    def reset(self) -> None:
+        """Queue the zeroing of the device record on its stream."""
         from cupy.cuda import runtime
 
-        if copy:
-            runtime.memcpyAsync(self.host.ctypes.data, self.device.data.ptr, self.host.nbytes,
-                                runtime.memcpyDeviceToHost, self.stream.ptr)
         runtime.memsetAsync(self.device.data.ptr, 0, self.device.nbytes, self.stream.ptr)
 
 

@@ -147,3 +147,74 @@ def test_gpu_launch_profile_and_debug():
                      shared_mem=1 << 30)
     finally:
         L.set_debug(False)
+
+
+def _packed_oracle(parameters, values):
+    """The parameters' bytes as NumPy lays out the aligned structs (the C layout)."""
+    from kdtree_gpu.soa import struct_dtype
+
+    dtypes = [(name, np.dtype(kind) if not hasattr(kind, "__dataclass_fields__")
+               else struct_dtype(kind)) for name, kind in parameters]
+    block = np.zeros(1, np.dtype(dtypes, align=True))
+    it = iter(values)
+    for name, dt in dtypes:
+        block[name] = tuple(next(it) for _ in dt.names) if dt.names else next(it)
+    return block.view(np.uint8), [block.dtype.fields[name][1] for name, _ in dtypes]
+
+
+def test_packed_launch_lays_parameters_out_as_the_c_structs():
+    from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
+
+    # padding before a struct, between scalars and at the end
+    parameters = (("a", np.int8), ("p", TraceParams), ("b", np.int32), ("rays", RaySoA),
+                  ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
+    values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
+              7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
+    packed = L.PackedLaunch("kd_test", parameters)
+    expected, offsets = _packed_oracle(parameters, values)
+    assert packed.offsets == tuple(offsets)
+    assert packed.pack(values).tobytes() == expected.tobytes()
+    with pytest.raises(Exception):  # a value missing
+        packed.pack(values[:-1])
+
+
+def test_packed_launch_skips_empty_launches():
+    packed = L.PackedLaunch("kd_test", (("n", np.int64),))
+    packed("nothing", function=0, n=0, block=128, values=(0,), stream=0)  # no driver call
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_gpu_packed_launch_profile_and_debug():
+    import cupy
+
+    from kdtree_gpu.kernels import get_function_pointer
+
+    function = get_function_pointer("primitives.cu", "kd_segmented_min_u32")
+    packed = L.PackedLaunch("kd_segmented_min_u32", (("key", np.uint64), ("segment", np.uint64),
+                                                     ("n", np.int64), ("out", np.uint64)))
+    n = 10000
+    key = cupy.arange(n, 0, -1, dtype=cupy.int64).astype(cupy.uint32)
+    segment = cupy.zeros(n, dtype=cupy.int32)
+    out = cupy.full(1, 0xFFFFFFFF, dtype=cupy.uint32)
+    values = (key.data.ptr, segment.data.ptr, n, out.data.ptr)
+    stream = cupy.cuda.get_current_stream().ptr
+    packed("segmented min", function, n, 256, values, stream)
+    assert int(out[0]) == 1  # the kernel read every parameter where the C signature has it
+    out.fill(0xFFFFFFFF)
+    with L.profiling() as prof:
+        for _ in range(3):
+            packed("segmented min", function, n, 256, values, stream)
+    assert prof.as_dict()["segmented min"]["launches"] == 3 and int(out[0]) == 1
+    out.fill(0xFFFFFFFF)
+    again = packed.prepared(function, n, 256, values, stream)
+    again()
+    assert int(out[0]) == 1
+    L.set_debug(True)
+    try:
+        with pytest.raises(L.LaunchError, match="launch 'bad block'"):
+            packed("bad block", function, n, 4096, values, stream)
+    finally:
+        L.set_debug(False)
+    packed("segmented min", function, n, 256, values, stream)  # the GPU is usable after it
+    cupy.cuda.get_current_stream().synchronize()

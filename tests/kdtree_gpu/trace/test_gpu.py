@@ -315,6 +315,27 @@ def test_every_output_is_written(make_tree, rng, monkeypatch):
 
 @gpu
 @needs_gpu
+def test_prepared_launch_writes_what_a_query_returns(make_tree, rng):
+    """The kernel-alone launch of the benchmarks: parameters packed once, same hits."""
+    import cupy
+
+    vertices, faces = make_soup(1000, rng)
+    tree = make_tree(vertices, faces)
+    rays = gpu_rays(*random_rays(vertices, 5000, rng))[:2]
+    for tmin, tmax, any_hit in ((0.0, np.inf, False), (0.25, 1.5, False), (0.25, 1.5, True)):
+        launch, hits = rg.prepared_launch(tree, *rays, tmin, tmax, any_hit=any_hit)
+        fields = ("hit_any",) if any_hit else ("hit_t", "hit_tri", "hit_u", "hit_v")
+        for name in fields:
+            getattr(hits, name).fill(0)
+        launch()
+        expected = (tree.occluded(*rays, tmin, tmax),) if any_hit else \
+            tree.intersect(*rays, tmin, tmax)
+        for name, want in zip(fields, expected):
+            assert cupy.array_equal(getattr(hits, name), want), (name, tmin, tmax)
+
+
+@gpu
+@needs_gpu
 def test_counts_of_the_counted_kernels(make_tree, rng):
     vertices, faces = make_quad_grid(32)
     tree = make_tree(vertices, faces)
