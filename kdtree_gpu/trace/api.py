@@ -41,7 +41,7 @@ import numpy as np
 from .. import encoding as enc
 from ..arrays import device_of, is_device_array, library, like, on_gpu, to_cupy, to_numpy
 from ..device import CPU, Device, parse_device, resolve_device
-from .gpu import BadRayRecord, trace
+from .gpu import BadRayRecord, query, trace
 
 _PROBLEMS = {
     enc.RAY_BAD_ORIGIN: "a NaN or infinite value in its origin",
@@ -192,9 +192,14 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
 def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     cupy = sys.modules.get("cupy")
     if (device == "auto" and cupy is not None and type(origins) is cupy.ndarray
-            and origins.device.id == cupy.cuda.runtime.getDevice()):
+            and origins.data.device_id == cupy.cuda.runtime.getDevice()):
         # CuPy rays on the current device, the common GPU case, in the fewest
         # steps: no device switch, CuPy's current stream, results as they are
+        if out is None and _scalar(tmin) and _scalar(tmax) and _kernel_rays(cupy, origins,
+                                                                            directions):
+            t0, t1 = float(tmin), float(tmax)
+            return _checked(cupy, check, lambda record: query(
+                tree, origins, directions, t0, t1, any_hit, record), origins, directions, t0, t1)
         direct = _kernel_out(cupy, out, any_hit, origins) if out is not None else None
         results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
         if out is None:
@@ -321,26 +326,53 @@ def _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, out=None):
 
     O, D = _ray_arrays(cupy, origins, directions)
     n = O.shape[0]
-    if n > np.iinfo(np.int32).max:
+    if n > _MAX_RAYS:
         raise ValueError(f"too many rays for one launch: {n}")
     t0, t1 = (_interval(cupy, v, name, n) for v, name in ((tmin, "tmin"), (tmax, "tmax")))
-    record = BadRayRecord.current(cupy) if check else None
-    count = 0
+    hits = _checked(cupy, check, lambda record: trace(
+        tree, O, D, t0, t1, any_hit=any_hit, out=out,
+        status=None if record is None else record.device), O, D, t0, t1)
+    if any_hit:
+        return (hits.hit_any,)
+    return hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v
+
+
+_MAX_RAYS = np.iinfo(np.int32).max  # rays of one launch
+
+
+def _scalar(value) -> bool:
+    return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
+
+
+def _kernel_rays(cupy, origins, directions) -> bool:
+    """Whether the arrays are what the kernel reads as they are (no conversion, no check)."""
+    return (type(directions) is cupy.ndarray and origins.dtype == np.float32
+            and directions.dtype == np.float32 and origins.ndim == 2 and origins.shape[1] == 3
+            and directions.shape == origins.shape and origins.shape[0] <= _MAX_RAYS
+            and origins.flags.c_contiguous and directions.flags.c_contiguous
+            and directions.data.device_id == origins.data.device_id)
+
+
+def _checked(cupy, check, launch, origins, directions, tmin, tmax):
+    """``launch(record)``'s results, after reading the bad-ray record when ``check``.
+
+    With ``check`` the launch counts bad rays into this stream's record and
+    the read after it is the query's one synchronization; a bad ray raises
+    ``ValueError`` naming the first. Without, ``launch(None)``: nothing waits.
+    """
+    if not check:
+        return launch(None)
+    record = BadRayRecord.current(cupy)
     try:
-        hits = trace(tree, O, D, t0, t1, any_hit=any_hit, out=out,
-                     status=None if record is None else record.device)
-        if record is not None:
-            # the one synchronization of a checked query: the bad-ray record
-            count, first, kind = record.read()
-            record = None
+        results = launch(record)
+        count, first, kind = record.read()
+        record = None
     finally:
         if record is not None:  # interrupted before the read: zero for the next query
             record.reset()
     if count:
-        raise ValueError(bad_ray_message(first, kind, count, O, D, t0, t1))
-    if any_hit:
-        return (hits.hit_any,)
-    return hits.hit_t, hits.hit_tri, hits.hit_u, hits.hit_v
+        raise ValueError(bad_ray_message(first, kind, count, origins, directions, tmin, tmax))
+    return results
 
 
 def _write_out(results, out, any_hit):

@@ -36,6 +36,7 @@ counts such rays and keeps the first (:func:`bad_ray_message` names it).
 from __future__ import annotations
 
 import dataclasses
+import sys
 import threading
 
 import numpy as np
@@ -53,6 +54,17 @@ TRAVERSE_SOURCE = "traverse.cu"
 _TRACE_LAUNCH = PackedLaunch("kd_trace", (("nodes", np.uint64), ("tris", np.uint64),
                                           ("p", TraceParams), ("rays", RaySoA), ("hits", HitSoA),
                                           ("status", np.uint64)))
+# What a query returns, in order: HitSoA fields and the dtypes of the arrays
+# made for them (an any-hit result is a bool array over the kernel's bytes)
+_QUERY_OUTPUTS = {False: (("hit_t", np.float32), ("hit_tri", np.int32), ("hit_u", np.float32),
+                          ("hit_v", np.float32)),
+                  True: (("hit_any", np.bool_),)}
+# for each HitSoA field (declaration order), its index in a query's outputs or -1 (null)
+_HIT_SLOTS = {any_hit: tuple(next((i for i, (name, _) in enumerate(outputs) if name == field), -1)
+                             for field in field_names(HitSoA))
+              for any_hit, outputs in _QUERY_OUTPUTS.items()}
+if field_names(RaySoA) != ("ray_origin", "ray_direction", "ray_tmin", "ray_tmax"):
+    raise ImportError("query() passes RaySoA as (origins, directions, null, null)")
 # TraceParams' last fields are each query's; the others come with the layout
 _QUERY_FIELDS = ("tmin", "tmax", "num_rays")
 _FIXED_FIELDS = field_names(TraceParams)[:-len(_QUERY_FIELDS)]
@@ -94,6 +106,9 @@ class TraversalLayout:
         box = dict(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
                    scale=self.scale)
         self.fixed = tuple(box[name] for name in _FIXED_FIELDS)
+        # kd_trace's first two parameters
+        self.addresses = (0 if self.nodes is None else self.nodes.data.ptr,
+                          0 if self.tris is None else self.tris.data.ptr)
 
     def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
         """The kernels' :class:`TraceParams` struct (by-value argument) for these rays."""
@@ -204,13 +219,7 @@ def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, co
 
 def _outputs(cupy, num_rays, any_hit, counted) -> HitSoA:
     empty = cupy.empty
-    if any_hit:
-        out = HitSoA.of(hit_any=empty(num_rays, dtype=cupy.bool_))
-    else:
-        out = HitSoA.of(hit_t=empty(num_rays, dtype=cupy.float32),
-                        hit_tri=empty(num_rays, dtype=cupy.int32),
-                        hit_u=empty(num_rays, dtype=cupy.float32),
-                        hit_v=empty(num_rays, dtype=cupy.float32))
+    out = HitSoA.of(**{name: empty(num_rays, dtype=dtype) for name, dtype in _QUERY_OUTPUTS[any_hit]})
     if counted:
         out.ray_nodes = empty(num_rays, dtype=cupy.int32)
         out.ray_tests = empty(num_rays, dtype=cupy.int32)
@@ -222,9 +231,47 @@ def _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status
     scalar_min = isinstance(tmin, (int, float, np.floating, np.integer))
     scalar_max = isinstance(tmax, (int, float, np.floating, np.integer))
     rays = RaySoA(origins, directions, None if scalar_min else tmin, None if scalar_max else tmax)
-    return (layout.nodes.data.ptr, layout.tris.data.ptr, *layout.fixed,
+    return (*layout.addresses, *layout.fixed,
             tmin if scalar_min else 0.0, tmax if scalar_max else np.inf, num_rays,
             *rays.addresses(), *out.addresses(), 0 if status is None else status.data.ptr)
+
+
+def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool,
+          record=None) -> tuple:
+    """One closest- or any-hit query in the fewest host steps (the API's common case).
+
+    A query is a few microseconds of GPU work for a small batch, so the
+    host's work per call is what a caller waiting for each result sees; this
+    is :func:`trace` without its generality.
+
+    Parameters
+    ----------
+    tree : KdTree
+    origins, directions : (num_rays, 3) cupy float32, C-contiguous, on the current device
+    tmin, tmax : float
+    any_hit : bool
+    record : BadRayRecord, optional
+        Counts the bad rays (else they are misses, nothing recorded).
+
+    Returns
+    -------
+    tuple of cupy arrays
+        ``(t, tri, u, v)`` or ``(hit,)``, queued on the current stream.
+    """
+    cupy = sys.modules["cupy"]
+    num_rays = origins.shape[0]
+    device_id = cupy.cuda.runtime.getDevice()
+    layout = tree._device_cache.get(("layout", device_id)) or traversal_layout(tree, device_id)
+    empty = cupy.empty
+    outputs = tuple(empty(num_rays, dtype=dtype) for _, dtype in _QUERY_OUTPUTS[any_hit])
+    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, False], _trace_function(any_hit, False), num_rays,
+                  enc.TRAVERSE_BLOCK,
+                  (*layout.addresses, *layout.fixed, tmin, tmax, num_rays,
+                   origins.data.ptr, directions.data.ptr, 0, 0,
+                   *[outputs[i].data.ptr if i >= 0 else 0 for i in _HIT_SLOTS[any_hit]],
+                   0 if record is None else record.address),
+                  cupy.cuda.get_current_stream().ptr)
+    return outputs
 
 
 def _trace_function(any_hit, counted) -> int:
@@ -332,7 +379,7 @@ class BadRayRecord:
     (queued on the stream, ready for the next query there).
     """
 
-    __slots__ = ("device", "host", "stream", "_addresses")
+    __slots__ = ("device", "host", "stream", "address", "_addresses")
     _records: dict = {}  # (device id, stream pointer, thread id) -> BadRayRecord
 
     def __init__(self, cupy, stream):
@@ -341,7 +388,8 @@ class BadRayRecord:
         self.device = cupy.zeros(2, dtype=np.uint64)
         self.host = cupyx.empty_pinned(2, dtype=np.uint64)
         self.stream = stream
-        self._addresses = (self.host.ctypes.data, self.device.data.ptr, self.host.nbytes, stream.ptr)
+        self.address = self.device.data.ptr  # the kernel's status parameter
+        self._addresses = (self.host.ctypes.data, self.address, self.host.nbytes, stream.ptr)
 
     @classmethod
     def current(cls, cupy) -> "BadRayRecord":
