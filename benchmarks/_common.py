@@ -22,11 +22,18 @@ sys.path.insert(0, str(ROOT))
 def git_commit() -> str:
     """Short hash of the code being measured.
 
-    ``$KDTREE_GPU_COMMIT`` wins (a copy of the tree without its ``.git``, as on
-    a remote GPU machine, cannot ask git), then ``git rev-parse``, else
+    ``$KDTREE_GPU_COMMIT`` wins, then a ``.commit`` file in the checkout (a
+    copy of the tree on a remote GPU machine names its commit there: a
+    ``.git`` copied with it may be stale), then ``git rev-parse``, else
     ``"unknown"``.
     """
     value = os.environ.get("KDTREE_GPU_COMMIT", "").strip()
+    if value:
+        return value
+    try:
+        value = (ROOT / ".commit").read_text().strip()
+    except OSError:
+        value = ""
     if value:
         return value
     try:
