@@ -122,7 +122,10 @@ class LevelScratch(SoA):
 
     c_name = "KdLevelScratch"
 
-    open_close_ex: object = soa_field(np.int64)  # (E + 1) packed (opens, closes) scan
+    # (E + 1) one buffer, two lifetimes that do not overlap: the packed
+    # (opens, closes) scan of the split search (read by the cost pass only),
+    # then the scan of the events' (left, right) flags (routing, scatter)
+    event_scan: object = soa_field(np.int64)
     seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
     seg_best: object = soa_field(np.uint64)  # (3N) event index
     event_cost: object = soa_field(np.float64)  # (E)
@@ -137,18 +140,16 @@ class LevelScratch(SoA):
     ref_class: object = soa_field(np.uint8)  # (R)
     ref_lr: object = soa_field(np.int64)  # (R + 1) packed (left, right) flags
     ref_lr_ex: object = soa_field(np.int64)  # (R + 1) their scan
-    event_lr_ex: object = soa_field(np.int64)  # (E + 1)
     child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
 
     @staticmethod
     def capacity_rows(cap_events: int, cap_refs: int, cap_nodes: int) -> dict:
         """Rows of each field for levels of up to these many events, references and nodes."""
         e, r, n = cap_events, cap_refs, cap_nodes
-        return {"open_close_ex": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
+        return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
                 "event_cost": e, "event_side": e, "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
-                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "event_lr_ex": e + 1,
-                "child_count": 8 * n + 2}
+                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "child_count": 8 * n + 2}
 
 
 @dataclasses.dataclass

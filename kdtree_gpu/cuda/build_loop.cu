@@ -165,9 +165,10 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         KdLoadOpenClose open_close = {kind};
         kd_grid_scan_sums(open_close, num_events + 1, sums0);
         grid.sync();
-        kd_grid_scan_finish(open_close, num_events + 1, sums0, s.open_close_ex);
+        // s.event_scan holds this scan until the cost pass, then the routing's
+        kd_grid_scan_finish(open_close, num_events + 1, sums0, s.event_scan);
         grid.sync();
-        KdCostArgs cost = {pos, seg, s.open_close_ex, seg_event_offset, node_ref_offset, lo, hi,
+        KdCostArgs cost = {pos, seg, s.event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, s.event_cost, s.event_side, s.seg_min_cost};
         kd_grid_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
@@ -212,9 +213,9 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         kd_grid_scan_sums(event_lr, num_events + 1, sums2);
         grid.sync();
         kd_grid_scan_finish(KdLoadArray{s.ref_lr}, num_refs + 1, sums1, s.ref_lr_ex);
-        kd_grid_scan_finish(event_lr, num_events + 1, sums2, s.event_lr_ex);
+        kd_grid_scan_finish(event_lr, num_events + 1, sums2, s.event_scan);
         grid.sync();
-        KdRouteArgs route = {node_ref_offset, s.ref_lr_ex, seg_event_offset, s.event_lr_ex,
+        KdRouteArgs route = {node_ref_offset, s.ref_lr_ex, seg_event_offset, s.event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
         kd_grid_for(4 * n, [&](long long t) { if (t < 4 * n) kd_child_count(route, t); });
         grid.sync();
@@ -277,7 +278,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         int* child_node = lvl_refs.ref_node + nxt * cap_refs;
         KdScatterArgs scatter = {tri, node, s.ref_class, s.ref_lr_ex, node_ref_offset,
                                  s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
-                                 s.event_lr_ex, seg_event_offset, child_event_offset, n, num_refs,
+                                 s.event_scan, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
                                  child_pos, child_kind, child_ref, child_seg, 0};
         kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
