@@ -368,6 +368,7 @@ class PackedLaunch:
         from .soa import struct_dtype
 
         self.name = kernel_name
+        self.parameters = tuple(parameters)
         def dtype(kind):
             scalar = isinstance(kind, np.dtype) or (isinstance(kind, type)
                                                     and issubclass(kind, np.generic))

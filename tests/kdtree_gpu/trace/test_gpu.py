@@ -162,6 +162,25 @@ def test_traversal_stack_covers_the_depth_cap():
     assert "#define KD_MAX_DEPTH_CAP (64)" in encoding.cuda_defines()
 
 
+def test_packed_trace_parameters_follow_the_kernel_signature():
+    """The driver launch's parameter list is the one kd_trace declares, name by name."""
+    import re
+
+    source = (kernels.CUDA_DIR / "traverse.cu").read_text()
+    signature = re.search(r"kd_trace\(([^)]*)\)\s*\{", source).group(1)
+    declared = []
+    for parameter in signature.split(","):
+        words = parameter.replace("*", " * ").split()
+        declared.append((words[-1], "*" in words, words[-2]))
+    packed = rg._TRACE_LAUNCH.parameters
+    assert [name for name, _, _ in declared] == [name for name, _ in packed]
+    for (name, pointer, c_type), (_, kind) in zip(declared, packed):
+        if pointer:
+            assert np.dtype(kind) == np.uint64, name
+        else:
+            assert kind.c_name == c_type, name
+
+
 @pytest.mark.skipif(kernels.find_nvcc() is None, reason="nvcc not installed")
 @pytest.mark.parametrize("source", ["traverse.cu", "brute.cu"])
 def test_sources_compile_without_warnings(source, tmp_path):
