@@ -399,10 +399,10 @@ class PackedLaunch:
         :class:`LaunchError` naming ``description``; the active profiler and
         the debug switch apply as in :func:`launch`.
         """
-        from cupy_backends.cuda.api import driver
-
         if n <= 0:
             return
+        from cupy_backends.cuda.api import driver
+
         data, _, address = self._block()
         grid = (n + block - 1) // block
         if _active_profiler is None and not _debug:
