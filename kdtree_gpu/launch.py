@@ -22,8 +22,8 @@ Costs
 -----
 With profiling off, :func:`launch` is the kernel call plus a few attribute
 tests: no events, no synchronization. CuPy's kernel call itself inspects
-every argument (10-17 us of host time for a launch of a dozen parameters on
-an H200 machine); a launch whose host time matters (a ray query: a few
+every argument (9-17 us of host time for the traversal's six parameters,
+measured on H200 machines); a launch whose host time matters (a ray query: a few
 microseconds of GPU work for a small batch) declares its parameter list once
 as a :class:`PackedLaunch` and costs one ``struct.pack_into`` and one
 ``cuLaunchKernel`` (4-5 us). With profiling on, each launch records
