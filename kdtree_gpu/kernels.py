@@ -143,6 +143,38 @@ def write_defines_header(path) -> Path:
     return path
 
 
+def kernel_parameters(filename: str, name: str) -> tuple:
+    """A kernel's parameter list as its definition in ``kdtree_gpu/cuda/<filename>`` declares it.
+
+    Returns
+    -------
+    tuple of (str, str, bool)
+        ``(name, C type, pointer)`` per parameter, in order; the type without
+        ``const``, ``__restrict__`` and ``*`` (``"long long"``, ``"KdRays"``).
+
+    Raises
+    ------
+    ValueError
+        The file does not define ``name``.
+    """
+    import re
+
+    text = (CUDA_DIR / filename).read_text()
+    # the definition: the name, its parameters, the body's brace (template
+    # instantiations end with ';', calls sit inside bodies with no brace after)
+    match = re.search(r"\b" + re.escape(name) + r"\s*\(([^)]*)\)\s*\{", text)
+    if match is None:
+        raise ValueError(f"no definition of kernel {name!r} in {filename}")
+    parameters = []
+    for parameter in match.group(1).split(","):
+        words = [w for w in parameter.replace("*", " * ").split()
+                 if w not in ("const", "__restrict__")]
+        pointer = "*" in words
+        words = [w for w in words if w != "*"]
+        parameters.append((words[-1], " ".join(words[:-1]), pointer))
+    return tuple(parameters)
+
+
 def read_source(filename: str) -> str:
     """The full text compiled for ``kdtree_gpu/cuda/<filename>``.
 

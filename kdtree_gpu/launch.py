@@ -387,6 +387,34 @@ class PackedLaunch:
         self._offsets = np.array([block.fields[name][1] for name, _ in parameters], np.uint64)
         self._local = threading.local()  # a launch may release the GIL: one block per thread
 
+    @classmethod
+    def of_kernel(cls, filename: str, name: str, structs=()) -> "PackedLaunch":
+        """The parameter list of kernel ``name`` as ``kdtree_gpu/cuda/<filename>`` defines it.
+
+        Pointers become addresses, C scalars their NumPy types
+        (:data:`kdtree_gpu.soa.C_TYPES`), and a struct taken by value the class
+        among ``structs`` whose generated C struct has that name; the list is
+        then declared once, in the CUDA source.
+
+        Raises
+        ------
+        ValueError
+            A parameter type that is none of these.
+        """
+        from .kernels import kernel_parameters
+        from .soa import C_TYPES
+
+        scalars = {c_type: dtype for dtype, c_type in C_TYPES.items()}
+        by_name = {struct.c_name: struct for struct in structs}
+        parameters = []
+        for param, c_type, pointer in kernel_parameters(filename, name):
+            kind = np.dtype(np.uint64) if pointer else scalars.get(c_type, by_name.get(c_type))
+            if kind is None:
+                raise ValueError(f"{name} in {filename}: parameter {param!r} has type {c_type!r}, "
+                                 f"neither a pointer, a scalar nor one of the structs given")
+            parameters.append((param, kind))
+        return cls(name, parameters)
+
     def _block(self):
         blocks = self._local.__dict__.get("blocks")
         if blocks is None:

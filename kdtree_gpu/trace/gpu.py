@@ -49,11 +49,10 @@ from ..soa import field_names
 from .soa import HitSoA, RaySoA, TraceParams
 
 TRAVERSE_SOURCE = "traverse.cu"
-# kd_trace's parameter list (cuda/traverse.cu), packed for the driver: a query
-# is one launch, and CuPy's RawKernel call costs twice the driver's
-_TRACE_LAUNCH = PackedLaunch("kd_trace", (("nodes", np.uint64), ("tris", np.uint64),
-                                          ("p", TraceParams), ("rays", RaySoA), ("hits", HitSoA),
-                                          ("status", np.uint64)))
+# kd_trace's parameter list as cuda/traverse.cu defines it, packed for the
+# driver: a query is one launch, and CuPy's RawKernel call costs twice the driver's
+_TRACE_LAUNCH = PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_trace",
+                                       structs=(TraceParams, RaySoA, HitSoA))
 # What a query returns, in order: HitSoA fields and the dtypes of the arrays
 # made for them (an any-hit result is a bool array over the kernel's bytes)
 _QUERY_OUTPUTS = {False: (("hit_t", np.float32), ("hit_tri", np.int32), ("hit_u", np.float32),

@@ -178,6 +178,18 @@ def test_packed_launch_lays_parameters_out_as_the_c_structs():
         packed.pack(values[:-1])
 
 
+def test_packed_launch_reads_the_parameter_list_from_the_cuda_source():
+    from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
+
+    packed = L.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
+    assert packed.parameters == (("key", np.uint64), ("segment", np.uint64), ("n", np.int64),
+                                 ("segment_key", np.uint64))
+    with pytest.raises(ValueError, match="'p' has type 'KdTraceParams'"):
+        L.PackedLaunch.of_kernel("traverse.cu", "kd_trace", structs=(RaySoA, HitSoA))
+    with pytest.raises(ValueError, match="no definition of kernel 'kd_nothing'"):
+        L.PackedLaunch.of_kernel("traverse.cu", "kd_nothing", structs=(TraceParams,))
+
+
 def test_packed_launch_skips_empty_launches():
     packed = L.PackedLaunch("kd_test", (("n", np.int64),))
     packed("nothing", function=0, n=0, block=128, values=(0,), stream=0)  # no driver call
@@ -191,8 +203,7 @@ def test_gpu_packed_launch_profile_and_debug():
     from kdtree_gpu.kernels import get_function_pointer
 
     function = get_function_pointer("primitives.cu", "kd_segmented_min_u32")
-    packed = L.PackedLaunch("kd_segmented_min_u32", (("key", np.uint64), ("segment", np.uint64),
-                                                     ("n", np.int64), ("out", np.uint64)))
+    packed = L.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
     n = 10000
     key = cupy.arange(n, 0, -1, dtype=cupy.int64).astype(cupy.uint32)
     segment = cupy.zeros(n, dtype=cupy.int32)

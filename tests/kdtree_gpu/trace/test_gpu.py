@@ -162,23 +162,17 @@ def test_traversal_stack_covers_the_depth_cap():
     assert "#define KD_MAX_DEPTH_CAP (64)" in encoding.cuda_defines()
 
 
-def test_packed_trace_parameters_follow_the_kernel_signature():
-    """The driver launch's parameter list is the one kd_trace declares, name by name."""
-    import re
+def test_packed_trace_parameters_are_the_kernel_signature():
+    """kd_trace's parameter list, read from traverse.cu, and the bytes a launch packs."""
+    from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
 
-    source = (kernels.CUDA_DIR / "traverse.cu").read_text()
-    signature = re.search(r"kd_trace\(([^)]*)\)\s*\{", source).group(1)
-    declared = []
-    for parameter in signature.split(","):
-        words = parameter.replace("*", " * ").split()
-        declared.append((words[-1], "*" in words, words[-2]))
-    packed = rg._TRACE_LAUNCH.parameters
-    assert [name for name, _, _ in declared] == [name for name, _ in packed]
-    for (name, pointer, c_type), (_, kind) in zip(declared, packed):
-        if pointer:
-            assert np.dtype(kind) == np.uint64, name
-        else:
-            assert kind.c_name == c_type, name
+    packed = rg._TRACE_LAUNCH
+    assert packed.parameters == (("nodes", np.uint64), ("tris", np.uint64), ("p", TraceParams),
+                                 ("rays", RaySoA), ("hits", HitSoA), ("status", np.uint64))
+    # the layout the GPU tests ran with: two pointers, the 48-byte parameters
+    # (nine floats, padding, the int64 ray count), 4 + 7 pointers, a pointer
+    assert packed.offsets == (0, 8, 16, 64, 96, 152)
+    assert packed._struct.format == "<QQfffffffffxxxxq" + "Q" * 12
 
 
 @pytest.mark.skipif(kernels.find_nvcc() is None, reason="nvcc not installed")
