@@ -160,6 +160,8 @@ def kernel_parameters(filename: str, name: str) -> tuple:
     import re
 
     text = (CUDA_DIR / filename).read_text()
+    # comments may hold parentheses and commas: drop them first
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
     # the definition: the name, its parameters, the body's brace (template
     # instantiations end with ';', calls sit inside bodies with no brace after)
     match = re.search(r"\b" + re.escape(name) + r"\s*\(([^)]*)\)\s*\{", text)
@@ -171,6 +173,9 @@ def kernel_parameters(filename: str, name: str) -> tuple:
                  if w not in ("const", "__restrict__")]
         pointer = "*" in words
         words = [w for w in words if w != "*"]
+        if len(words) < 2:
+            raise ValueError(f"kernel {name!r} in {filename}: parameter {parameter.strip()!r} "
+                             f"is not a declaration (a macro's list is not read)")
         parameters.append((words[-1], " ".join(words[:-1]), pointer))
     return tuple(parameters)
 

@@ -229,3 +229,32 @@ def test_gpu_packed_launch_profile_and_debug():
         L.set_debug(False)
     packed("segmented min", function, n, 256, values, stream)  # the GPU is usable after it
     cupy.cuda.get_current_stream().synchronize()
+
+
+def test_every_kernel_parameter_list_is_read_from_its_source():
+    """Each kd_* kernel of every .cu file packs from its definition (the builder's too), but
+    those whose list is a macro, which say so."""
+    import re
+
+    from kdtree_gpu import kernels
+    from kdtree_gpu.builder.soa import CUDA_STRUCTS as build_structs
+    from kdtree_gpu.trace.soa import CUDA_STRUCTS as trace_structs
+
+    structs = build_structs + trace_structs
+    read, macro = 0, 0
+    for path in kernels.cuda_sources():
+        text = path.read_text()
+        names = set(re.findall(r"__global__\s+void\s+(?:__launch_bounds__\([^)]*\)\s*)?"
+                               r"(kd_\w+)\s*\(", text))
+        for name in sorted(names):
+            try:
+                packed = L.PackedLaunch.of_kernel(path.name, name, structs=structs)
+            except ValueError as exc:
+                assert "a macro's list is not read" in str(exc), (path.name, name, exc)
+                macro += 1
+                continue
+            offsets = packed.offsets
+            assert len(offsets) == len(packed.parameters) >= 1, (path.name, name)
+            assert all(a < b for a, b in zip(offsets, offsets[1:])), (path.name, name)
+            read += 1
+    assert read >= 40 and macro <= 4, (read, macro)
