@@ -109,7 +109,7 @@ def _ray_arrays(xp, origins, directions):
 
 def _interval(xp, value, name, num_rays):
     """A scalar bound stays a Python float; an array becomes a float32 ``(num_rays,)`` array."""
-    if isinstance(value, (int, float, np.number)) and not isinstance(value, bool):
+    if _scalar(value):
         return float(value)
     a = to_numpy(value) if xp is np else to_cupy(value)
     if a.ndim == 0:
