@@ -374,6 +374,7 @@ class PackedLaunch:
 
         self.name = kernel_name
         self.parameters = tuple(parameters)
+
         def dtype(kind):
             scalar = isinstance(kind, np.dtype) or (isinstance(kind, type)
                                                     and issubclass(kind, np.generic))
