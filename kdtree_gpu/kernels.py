@@ -337,16 +337,19 @@ def get_function(filename: str, name: str, options: Sequence[str] = (), name_exp
 
 
 def get_function_pointer(filename: str, name: str, options: Sequence[str] = (),
-                         name_expressions=None) -> int:
+                         name_expressions=None, device_id: Optional[int] = None) -> int:
     """The ``CUfunction`` of :func:`get_function`'s kernel on the current device (memoized).
 
     For launches through the driver (:class:`kdtree_gpu.launch.PackedLaunch`).
     The cache entry also holds the ``RawKernel``, which keeps its module
-    loaded as long as the address is handed out.
+    loaded as long as the address is handed out. ``device_id``: the current
+    device's, when the caller has it (a query asks the runtime once).
     """
-    import cupy
+    if device_id is None:
+        import cupy
 
-    key = (cupy.cuda.runtime.getDevice(), filename, name, tuple(options))
+        device_id = cupy.cuda.runtime.getDevice()
+    key = (device_id, filename, name, tuple(options))
     entry = _pointer_cache.get(key)
     if entry is None:
         kernel = get_function(filename, name, options, name_expressions)

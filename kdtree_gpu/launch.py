@@ -37,6 +37,7 @@ timing.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import math
 import os
 import struct
@@ -346,6 +347,11 @@ def _struct_format(dtype: np.dtype) -> str:
     return "".join(parts)
 
 
+# CuPy's binding of the driver API; looked up in sys.modules at each launch
+# (an import statement costs a microsecond there)
+_DRIVER = "cupy_backends.cuda.api.driver"
+
+
 class PackedLaunch:
     """A kernel's parameter list packed into one block and launched through the driver.
 
@@ -435,8 +441,7 @@ class PackedLaunch:
         """
         if n <= 0:
             return
-        from cupy_backends.cuda.api import driver
-
+        driver = sys.modules.get(_DRIVER) or importlib.import_module(_DRIVER)
         data, _, address = self._block()
         grid = (n + block - 1) // block
         if _active_profiler is None and not _debug:

@@ -192,14 +192,16 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
 def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     cupy = sys.modules.get("cupy")
     if (device == "auto" and cupy is not None and type(origins) is cupy.ndarray
-            and origins.data.device_id == cupy.cuda.runtime.getDevice()):
+            and origins.data.device_id == (device_id := cupy.cuda.runtime.getDevice())):
         # CuPy rays on the current device, the common GPU case, in the fewest
         # steps: no device switch, CuPy's current stream, results as they are
         if out is None and _scalar(tmin) and _scalar(tmax) and _kernel_rays(cupy, origins,
                                                                             directions):
             t0, t1 = float(tmin), float(tmax)
+            stream = cupy.cuda.get_current_stream()
             return _checked(cupy, check, lambda record: query(
-                tree, origins, directions, t0, t1, any_hit, record), origins, directions, t0, t1)
+                tree, origins, directions, t0, t1, any_hit, record, device_id, stream.ptr),
+                origins, directions, t0, t1, device_id, stream)
         direct = _kernel_out(cupy, out, any_hit, origins) if out is not None else None
         results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
         if out is None:
@@ -344,25 +346,37 @@ def _scalar(value) -> bool:
     return isinstance(value, (int, float, np.number)) and not isinstance(value, bool)
 
 
+_FLOAT32 = np.dtype(np.float32)
+
+
 def _kernel_rays(cupy, origins, directions) -> bool:
-    """Whether the arrays are what the kernel reads as they are (no conversion, no check)."""
-    return (type(directions) is cupy.ndarray and origins.dtype == np.float32
-            and directions.dtype == np.float32 and origins.ndim == 2 and origins.shape[1] == 3
-            and directions.shape == origins.shape and origins.shape[0] <= _MAX_RAYS
-            and origins.flags.c_contiguous and directions.flags.c_contiguous
+    """Whether the arrays are what the kernel reads as they are (no conversion, no check).
+
+    Tests that cost nanoseconds, not microseconds (this runs at every query):
+    dtype identity (NumPy's builtin dtypes are singletons; any other float32
+    dtype takes the general path, which is as correct) and CuPy's own
+    contiguity flag rather than a ``flags`` object made per call.
+    """
+    shape = origins.shape
+    return (type(directions) is cupy.ndarray and origins.dtype is _FLOAT32
+            and directions.dtype is _FLOAT32 and len(shape) == 2 and shape[1] == 3
+            and directions.shape == shape and shape[0] <= _MAX_RAYS
+            and getattr(origins, "_c_contiguous", False)
+            and getattr(directions, "_c_contiguous", False)
             and directions.data.device_id == origins.data.device_id)
 
 
-def _checked(cupy, check, launch, origins, directions, tmin, tmax):
+def _checked(cupy, check, launch, origins, directions, tmin, tmax, device_id=None, stream=None):
     """``launch(record)``'s results, after reading the bad-ray record when ``check``.
 
     With ``check`` the launch counts bad rays into this stream's record and
     the read after it is the query's one synchronization; a bad ray raises
     ``ValueError`` naming the first. Without, ``launch(None)``: nothing waits.
+    ``device_id`` and ``stream``: the current ones, when the caller has them.
     """
     if not check:
         return launch(None)
-    record = BadRayRecord.current(cupy)
+    record = BadRayRecord.current(cupy, device_id, stream)
     try:
         results = launch(record)
         count, first, kind = record.read()

@@ -55,9 +55,9 @@ _TRACE_LAUNCH = PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_trace",
                                        structs=(TraceParams, RaySoA, HitSoA))
 # What a query returns, in order: HitSoA fields and the dtypes of the arrays
 # made for them (an any-hit result is a bool array over the kernel's bytes)
-_QUERY_OUTPUTS = {False: (("hit_t", np.float32), ("hit_tri", np.int32), ("hit_u", np.float32),
-                          ("hit_v", np.float32)),
-                  True: (("hit_any", np.bool_),)}
+_QUERY_OUTPUTS = {False: (("hit_t", np.dtype(np.float32)), ("hit_tri", np.dtype(np.int32)),
+                          ("hit_u", np.dtype(np.float32)), ("hit_v", np.dtype(np.float32))),
+                  True: (("hit_any", np.dtype(np.bool_)),)}
 # for each HitSoA field (declaration order), its index in a query's outputs or -1 (null)
 _HIT_SLOTS = {any_hit: tuple(next((i for i, (name, _) in enumerate(outputs) if name == field), -1)
                              for field in field_names(HitSoA))
@@ -72,6 +72,7 @@ if field_names(TraceParams)[-len(_QUERY_FIELDS):] != _QUERY_FIELDS:
 BRUTE_SOURCE = "brute.cu"
 _KERNEL_NAMES = {(a, c): f"kd_trace<{'true' if a else 'false'}, {'true' if c else 'false'}>"
                  for a in (False, True) for c in (False, True)}
+_TRACE_NAME_EXPRESSIONS = tuple(_KERNEL_NAMES.values())
 _DESCRIPTIONS = {(False, False): "trace closest hit", (True, False): "trace any hit",
                  (False, True): "trace closest hit counted", (True, True): "trace any hit counted"}
 
@@ -209,7 +210,7 @@ def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, co
     layout = traversal_layout(tree, device_id)
     if out is None:
         out = _outputs(cupy, num_rays, any_hit, counted)
-    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, counted], _trace_function(any_hit, counted), num_rays,
+    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, counted], _trace_function(any_hit, counted, device_id), num_rays,
                   enc.TRAVERSE_BLOCK,
                   _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status),
                   cupy.cuda.get_current_stream().ptr)
@@ -235,13 +236,14 @@ def _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status
             *rays.addresses(), *out.addresses(), 0 if status is None else status.data.ptr)
 
 
-def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool,
-          record=None) -> tuple:
+def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool, record,
+          device_id: int, stream: int) -> tuple:
     """One closest- or any-hit query in the fewest host steps (the API's common case).
 
     A query is a few microseconds of GPU work for a small batch, so the
     host's work per call is what a caller waiting for each result sees; this
-    is :func:`trace` without its generality.
+    is :func:`trace` without its generality. Only the output memory is taken
+    before the launch; the arrays over it are made while the kernel runs.
 
     Parameters
     ----------
@@ -249,33 +251,35 @@ def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool,
     origins, directions : (num_rays, 3) cupy float32, C-contiguous, on the current device
     tmin, tmax : float
     any_hit : bool
-    record : BadRayRecord, optional
-        Counts the bad rays (else they are misses, nothing recorded).
+    record : BadRayRecord or None
+        Counts the bad rays (``None``: they are misses, nothing recorded).
+    device_id, stream : int
+        The current device and the ``cudaStream_t`` to queue on.
 
     Returns
     -------
     tuple of cupy arrays
-        ``(t, tri, u, v)`` or ``(hit,)``, queued on the current stream.
+        ``(t, tri, u, v)`` or ``(hit,)``, queued on ``stream``.
     """
     cupy = sys.modules["cupy"]
     num_rays = origins.shape[0]
-    device_id = cupy.cuda.runtime.getDevice()
     layout = tree._device_cache.get(("layout", device_id)) or traversal_layout(tree, device_id)
-    empty = cupy.empty
-    outputs = tuple(empty(num_rays, dtype=dtype) for _, dtype in _QUERY_OUTPUTS[any_hit])
-    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, False], _trace_function(any_hit, False), num_rays,
-                  enc.TRAVERSE_BLOCK,
+    outputs = _QUERY_OUTPUTS[any_hit]
+    alloc = cupy.cuda.alloc
+    memory = [alloc(num_rays * dtype.itemsize) for _, dtype in outputs]
+    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, False], _trace_function(any_hit, False, device_id),
+                  num_rays, enc.TRAVERSE_BLOCK,
                   (*layout.addresses, *layout.fixed, tmin, tmax, num_rays,
                    origins.data.ptr, directions.data.ptr, 0, 0,
-                   *[outputs[i].data.ptr if i >= 0 else 0 for i in _HIT_SLOTS[any_hit]],
-                   0 if record is None else record.address),
-                  cupy.cuda.get_current_stream().ptr)
-    return outputs
+                   *[memory[i].ptr if i >= 0 else 0 for i in _HIT_SLOTS[any_hit]],
+                   0 if record is None else record.address), stream)
+    ndarray = cupy.ndarray
+    return tuple(ndarray((num_rays,), dtype, memptr=m) for (_, dtype), m in zip(outputs, memory))
 
 
-def _trace_function(any_hit, counted) -> int:
+def _trace_function(any_hit, counted, device_id=None) -> int:
     return get_function_pointer(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
-                                name_expressions=tuple(_KERNEL_NAMES.values()))
+                                name_expressions=_TRACE_NAME_EXPRESSIONS, device_id=device_id)
 
 
 def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=False):
@@ -391,10 +395,17 @@ class BadRayRecord:
         self._addresses = (self.host.ctypes.data, self.address, self.host.nbytes, stream.ptr)
 
     @classmethod
-    def current(cls, cupy) -> "BadRayRecord":
-        """The record of the current device, stream and thread (made on first use)."""
-        stream = cupy.cuda.get_current_stream()
-        key = (cupy.cuda.runtime.getDevice(), stream.ptr, threading.get_ident())
+    def current(cls, cupy, device_id=None, stream=None) -> "BadRayRecord":
+        """The record of the current device, stream and thread (made on first use).
+
+        ``device_id`` and ``stream`` (a ``cupy.cuda.Stream``): the current
+        ones, when the caller has them.
+        """
+        if stream is None:
+            stream = cupy.cuda.get_current_stream()
+        if device_id is None:
+            device_id = cupy.cuda.runtime.getDevice()
+        key = (device_id, stream.ptr, threading.get_ident())
         record = cls._records.get(key)
         if record is None:
             if len(cls._records) >= 64:  # threads and streams come and go

@@ -88,6 +88,45 @@ def test_unchecked_queries_never_wait_for_the_gpu():
     assert np.array_equal(hit.get(), (tri.get() >= 0) & (t.get() <= 10.0))
 
 
+def test_the_common_query_writes_every_output_and_agrees_with_the_general_path():
+    """CuPy float32 C-contiguous rays take the short path (output memory taken
+    before the launch, arrays made after it); memory poisoned as it is handed
+    out shows every output is written, and rays the kernel cannot read as they
+    are (Fortran order, float64) take the general path to the same hits."""
+    import cupy
+
+    from kdtree_gpu.trace import api
+
+    V, F = sphere()
+    tree = kd.build(cupy.asarray(V), cupy.asarray(F))
+    O, D = (cupy.asarray(a, cupy.float32) for a in rays(100_003, seed=3))
+    assert api._kernel_rays(cupy, O, D)
+    for other in (cupy.asfortranarray(O), O.astype(cupy.float64), O[::2], cupy.ones((5, 4),
+                                                                                     cupy.float32)):
+        assert not api._kernel_rays(cupy, other, D[:len(other)])
+    pool = cupy.get_default_memory_pool()
+
+    def poisoned(size):
+        memory = pool.malloc(size)
+        cupy.cuda.runtime.memsetAsync(memory.ptr, 0xA5, size,
+                                      cupy.cuda.get_current_stream().ptr)
+        return memory
+
+    with cupy.cuda.using_allocator(poisoned):
+        common = tree.intersect(O, D)
+        hit = tree.occluded(O, D, 0.0, 1.5)
+    assert len({a.data.ptr for a in common}) == 4 and all(a.base is None for a in common)
+    assert [a.dtype for a in common] == [np.float32, np.int32, np.float32, np.float32]
+    general = tree.intersect(cupy.asfortranarray(O), D.astype(cupy.float64))
+    for a, b in zip(common, general):
+        assert a.shape == (len(O),) and np.array_equal(a.get(), b.get())
+    assert not np.isnan(common[0].get()).any()
+    assert hit.dtype == bool and np.all(hit.view(cupy.uint8).get() <= 1)
+    assert np.array_equal(hit.get(), (general[1].get() >= 0) & (general[0].get() <= 1.5))
+    empty = tree.intersect(O[:0], D[:0])
+    assert [a.shape for a in empty] == [(0,)] * 4
+
+
 def test_scalar_and_array_intervals_and_out_arrays_agree():
     import cupy
 
