@@ -191,23 +191,17 @@ def check_rays(origins, directions, tmin=0.0, tmax=np.inf):
 # --- queries -----------------------------------------------------------------------
 def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     cupy = sys.modules.get("cupy")
-    if (device == "auto" and cupy is not None and type(origins) is cupy.ndarray
-            and origins.data.device_id == (device_id := cupy.cuda.runtime.getDevice())):
-        # CuPy rays on the current device, the common GPU case, in the fewest
-        # steps: no device switch, CuPy's current stream, results as they are
-        if out is None and _scalar(tmin) and _scalar(tmax) and _kernel_rays(cupy, origins,
-                                                                            directions):
-            t0, t1 = float(tmin), float(tmax)
-            stream = cupy.cuda.get_current_stream()
-            return _checked(cupy, check, lambda record: query(
-                tree, origins, directions, t0, t1, any_hit, record, device_id, stream.ptr),
-                origins, directions, t0, t1, device_id, stream)
-        direct = _kernel_out(cupy, out, any_hit, origins) if out is not None else None
-        results = _run_gpu(tree, origins, directions, tmin, tmax, any_hit, check, direct)
-        if out is None:
-            return results
-        return _out_tuple(out, any_hit) if direct is not None else \
-            _write_out(results, out, any_hit)
+    if (device == "auto" and out is None and cupy is not None and type(origins) is cupy.ndarray
+            and origins.data.device_id == (device_id := cupy.cuda.runtime.getDevice())
+            and _scalar(tmin) and _scalar(tmax) and _kernel_rays(cupy, origins, directions)):
+        # the common GPU case in the fewest steps: CuPy float32 rays on the
+        # current device, number bounds, results as they come (no device
+        # switch, CuPy's current stream); anything else takes the path below
+        t0, t1 = float(tmin), float(tmax)
+        stream = cupy.cuda.get_current_stream()
+        return _checked(cupy, check, lambda record: query(
+            tree, origins, directions, t0, t1, any_hit, record, device_id, stream.ptr),
+            origins, directions, t0, t1, device_id, stream)
     dev = _choose_device(device, origins, directions)
     if not dev.is_cuda:
         results = _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check)

@@ -441,7 +441,8 @@ class BadRayRecord:
         """Queue the zeroing of the device record on its stream."""
         from cupy.cuda import runtime
 
-        runtime.memsetAsync(self.device.data.ptr, 0, self.device.nbytes, self.stream.ptr)
+        _, device, nbytes, stream = self._addresses
+        runtime.memsetAsync(device, 0, nbytes, stream)
 
 
 def brute_intersect_gpu(vertices, faces, origins, directions, tmin, tmax):
