@@ -210,8 +210,8 @@ def trace(tree, origins, directions, tmin=0.0, tmax=np.inf, *, any_hit=False, co
     layout = traversal_layout(tree, device_id)
     if out is None:
         out = _outputs(cupy, num_rays, any_hit, counted)
-    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, counted], _trace_function(any_hit, counted, device_id), num_rays,
-                  enc.TRAVERSE_BLOCK,
+    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, counted], _trace_function(any_hit, counted, device_id),
+                  num_rays, enc.TRAVERSE_BLOCK,
                   _trace_values(layout, origins, directions, tmin, tmax, num_rays, out, status),
                   cupy.cuda.get_current_stream().ptr)
     return out

@@ -101,8 +101,8 @@ def test_the_common_query_writes_every_output_and_agrees_with_the_general_path()
     tree = kd.build(cupy.asarray(V), cupy.asarray(F))
     O, D = (cupy.asarray(a, cupy.float32) for a in rays(100_003, seed=3))
     assert api._kernel_rays(cupy, O, D)
-    for other in (cupy.asfortranarray(O), O.astype(cupy.float64), O[::2], cupy.ones((5, 4),
-                                                                                     cupy.float32)):
+    for other in (cupy.asfortranarray(O), O.astype(cupy.float64), O[::2],
+                  cupy.ones((5, 4), cupy.float32)):
         assert not api._kernel_rays(cupy, other, D[:len(other)])
     pool = cupy.get_default_memory_pool()
 
