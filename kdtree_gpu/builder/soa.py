@@ -126,10 +126,10 @@ class LevelScratch(SoA):
     # (opens, closes) scan of the split search (read by the cost pass only),
     # then the scan of the events' (left, right) flags (routing, scatter)
     event_scan: object = soa_field(np.int64)
+    # (the events' costs and sides have no rows here: the level loop keeps
+    # them in the next level's slot of the events, KdEventCosts in build_stages.cuh)
     seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
     seg_best: object = soa_field(np.uint64)  # (3N) event index
-    event_cost: object = soa_field(np.float64)  # (E)
-    event_side: object = soa_field(np.int8)  # (E)
     best_cost: object = soa_field(np.float64)  # (N)
     best_axis: object = soa_field(np.int8)  # (N)
     best_pos: object = soa_field(np.float32)  # (N)
@@ -147,7 +147,7 @@ class LevelScratch(SoA):
         """Rows of each field for levels of up to these many events, references and nodes."""
         e, r, n = cap_events, cap_refs, cap_nodes
         return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
-                "event_cost": e, "event_side": e, "best_cost": n, "best_axis": n, "best_pos": n,
+                "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
                 "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "child_count": 8 * n + 2}
 

@@ -59,36 +59,41 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           int longest_only,
                                           double k_traversal, double k_intersect,
                                           double empty_bonus,
-                                          double* __restrict__ event_cost,
+                                          unsigned int* __restrict__ event_cost_hi,
+                                          unsigned int* __restrict__ event_cost_lo,
                                           signed char* __restrict__ event_side,
                                           unsigned long long* __restrict__ seg_min_cost)
 {
     KdCostArgs a = {event_pos, event_seg, open_close_ex, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
-                    longest_only, k_traversal, k_intersect, empty_bonus, event_cost, event_side,
-                    seg_min_cost};
+                    longest_only, k_traversal, k_intersect, empty_bonus,
+                    {event_cost_hi, event_cost_lo}, event_side, seg_min_cost};
     kd_split_cost_event(a, kd_tid());
 }
 
-extern "C" __global__ void kd_segment_argmin(const double* __restrict__ event_cost,
+extern "C" __global__ void kd_segment_argmin(unsigned int* __restrict__ event_cost_hi,
+                                             unsigned int* __restrict__ event_cost_lo,
                                              const int* __restrict__ event_seg,
                                              const unsigned long long* __restrict__ seg_min_cost,
                                              long long num_events,
                                              unsigned long long* __restrict__ seg_best)
 {
-    kd_argmin_event(event_cost, event_seg, seg_min_cost, num_events, seg_best, kd_tid());
+    kd_argmin_event({event_cost_hi, event_cost_lo}, event_seg, seg_min_cost, num_events,
+                    seg_best, kd_tid());
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
 // gathered into the struct inside the kernel.
 #define KD_SELECT_PARAMS                                                                  \
-    const unsigned long long *seg_best, const double *event_cost, const float *event_pos, \
+    const unsigned long long *seg_best, unsigned int *event_cost_hi,                      \
+        unsigned int *event_cost_lo, const float *event_pos,                               \
         const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
         long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
         signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
         long long *split_leaf
 #define KD_SELECT_ARGS                                                                    \
-    {seg_best, event_cost, event_pos, event_side, node_ref_offset, num_nodes, leaf_size,     \
+    {seg_best, {event_cost_hi, event_cost_lo}, event_pos, event_side, node_ref_offset,      \
+     num_nodes, leaf_size,                                                                   \
      level_active, k_intersect, best_cost, best_axis, best_pos, best_side, node_split,       \
      split_leaf}
 

@@ -168,17 +168,22 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         // s.event_scan holds this scan until the cost pass, then the routing's
         kd_grid_scan_finish(open_close, num_events + 1, sums0, s.event_scan);
         grid.sync();
+        // The costs and sides live in the next level's slot until its scatter
+        // (the slot holds at least this level's events: both have cap_events)
+        const KdEventCosts event_cost = {(unsigned int*)(lvl_events.event_ref + nxt * cap_events),
+                                         (unsigned int*)(lvl_events.event_seg + nxt * cap_events)};
+        signed char* event_side = lvl_events.event_kind + nxt * cap_events;
         KdCostArgs cost = {pos, seg, s.event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
-                           k_intersect, empty_bonus, s.event_cost, s.event_side, s.seg_min_cost};
+                           k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost};
         kd_grid_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
         grid.sync();
         // select_best_splits and decide_leaves (R4, R8)
         kd_grid_for(num_events, [&](long long e) {
-            kd_argmin_event(s.event_cost, seg, s.seg_min_cost, num_events, s.seg_best, e);
+            kd_argmin_event(event_cost, seg, s.seg_min_cost, num_events, s.seg_best, e);
         });
         grid.sync();
-        KdSelectArgs select = {s.seg_best, s.event_cost, pos, s.event_side, node_ref_offset, n,
+        KdSelectArgs select = {s.seg_best, event_cost, pos, event_side, node_ref_offset, n,
                                leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
                                s.best_pos, s.best_side, s.node_split, s.split_leaf};
         kd_grid_for(n, [&](long long i) {

@@ -70,6 +70,30 @@ struct KdLoadOpenClose {
     }
 };
 
+// A level's per-event costs: each float64 kept as its two 32-bit halves in
+// two arrays of E words. The level loop keeps them in the next level's slot
+// of event_ref and event_seg, which hold nothing between a level's cost pass
+// and its scatter, so that the costs take no memory of their own (9 bytes per
+// event of capacity with the sides); halves restore the exact bits.
+struct KdEventCosts {
+    unsigned int* hi;
+    unsigned int* lo;
+    __device__ __forceinline__ void store(long long e, double cost) const
+    {
+        unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+        hi[e] = (unsigned int)(bits >> 32);
+        lo[e] = (unsigned int)bits;
+    }
+    __device__ __forceinline__ unsigned long long bits(long long e) const
+    {
+        return ((unsigned long long)hi[e] << 32) | lo[e];
+    }
+    __device__ __forceinline__ double load(long long e) const
+    {
+        return __longlong_as_double((long long)bits(e));
+    }
+};
+
 // Part 2: the SAH cost of the plane at every run head (rules R5-R7), where a
 // run is a maximal sequence of events at one position in one segment:
 //   N_L = opens before the run, N_P = planars in the run,
@@ -92,7 +116,7 @@ struct KdCostArgs {
     int level_active;
     int longest_only;
     double k_traversal, k_intersect, empty_bonus;
-    double* event_cost;
+    KdEventCosts event_cost;
     signed char* event_side;
     unsigned long long* seg_min_cost;
 };
@@ -148,7 +172,7 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
                                  a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
             side = (signed char)plane_side;
         }
-        a.event_cost[e] = cost;
+        a.event_cost.store(e, cost);
         a.event_side[e] = side;
     }
     unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
@@ -159,7 +183,7 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
 // Stage select_best_splits, arg-min: the lowest event index whose cost equals
 // its segment's minimum (lowest index = lowest position: rule R8's tie-break).
 // Every lane of a warp must call it (as kd_split_cost_event).
-__device__ __forceinline__ void kd_argmin_event(const double* event_cost, const int* event_seg,
+__device__ __forceinline__ void kd_argmin_event(KdEventCosts event_cost, const int* event_seg,
                                                 const unsigned long long* seg_min_cost,
                                                 long long num_events,
                                                 unsigned long long* seg_best, long long e)
@@ -168,7 +192,7 @@ __device__ __forceinline__ void kd_argmin_event(const double* event_cost, const 
     int seg = live ? event_seg[e] : -1;
     unsigned long long key = KD_NO_INDEX;
     if (live) {
-        unsigned long long bits = (unsigned long long)__double_as_longlong(event_cost[e]);
+        unsigned long long bits = event_cost.bits(e);
         if (bits != KD_INF_BITS && bits == seg_min_cost[seg]) key = (unsigned long long)e;
     }
     kd_warp_segmented_atomic_min(key, seg, seg_best);
@@ -179,7 +203,7 @@ __device__ __forceinline__ void kd_argmin_event(const double* event_cost, const 
 // Writes the packed (split, leaf triangle count) scan input after a leading 0.
 struct KdSelectArgs {
     const unsigned long long* seg_best;
-    const double* event_cost;
+    KdEventCosts event_cost;
     const float* event_pos;
     const signed char* event_side;
     const long long* node_ref_offset;
@@ -203,7 +227,7 @@ __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long 
     for (int k = 0; k < 3; ++k) {
         unsigned long long best = a.seg_best[k * a.num_nodes + i];
         if (best != KD_NO_INDEX) {
-            double c = a.event_cost[best];
+            double c = a.event_cost.load((long long)best);
             if (c < cost) {
                 cost = c;
                 axis = k;

@@ -42,7 +42,10 @@ def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
 
     Returns
     -------
-    event_cost : (E,) float64
+    event_cost : (2E,) uint32
+        Each event's float64 cost as two 32-bit halves: the high words
+        (``[:E]``), then the low words (``[E:]``); :func:`event_costs` reads
+        them back.
     event_side : (E,) int8
     seg_min_cost, seg_best : (3n,) uint64
         Cost bits of each segment's minimum; ``seg_best`` reset for the arg-min.
@@ -63,15 +66,27 @@ def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
                 i64(3 * n), open_close, seg_min_cost, seg_best))
         open_close_ex = inclusive_scan(open_close, description="compute_split_costs: scan")
         del open_close  # its block serves the costs below
-    event_cost = cp.empty(num_events, dtype=np.float64)
+    event_cost = cp.empty(2 * num_events, dtype=np.uint32)
     event_side = cp.empty(num_events, dtype=np.int8)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            (events.event_pos, events.event_seg, open_close_ex,
             nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
             i64(n), i64(num_events), i64(cfg.leaf_size), np.int32(level_active),
             np.int32(cfg.axes == "longest"), f64(cfg.k_traversal), f64(cfg.k_intersect),
-            f64(cfg.empty_bonus), event_cost, event_side, seg_min_cost))
+            f64(cfg.empty_bonus), *_halves(event_cost), event_side, seg_min_cost))
     return event_cost, event_side, seg_min_cost, seg_best
+
+
+def _halves(event_cost) -> tuple:
+    """The high and the low words of :func:`compute_split_costs_gpu`'s costs (views)."""
+    num_events = event_cost.size // 2
+    return event_cost[:num_events], event_cost[num_events:]
+
+
+def event_costs(event_cost):
+    """The float64 costs of :func:`compute_split_costs_gpu`'s halves (a new array)."""
+    hi, lo = _halves(event_cost)
+    return ((hi.astype(np.uint64) << np.uint64(32)) | lo).view(np.float64)
 
 
 def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_min_cost,
@@ -90,17 +105,17 @@ def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_m
     # the cost kernel left each segment's minimum cost; this pass finds its
     # lowest event index (lowest position: R8's tie-break)
     launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
-           (event_cost, events.event_seg, seg_min_cost, i64(num_events), seg_best))
+           (*_halves(event_cost), events.event_seg, seg_min_cost, i64(num_events), seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                      node_axis=cp.empty(n, dtype=np.int8),
                      node_pos=cp.empty(n, dtype=np.float32),
                      node_side=cp.empty(n, dtype=np.int8))
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
-    select_args = (seg_best, event_cost, events.event_pos, event_side, nodes.node_ref_offset,
-                   i64(n), i64(cfg.leaf_size), np.int32(level_active), f64(cfg.k_intersect),
-                   best.node_cost, best.node_axis, best.node_pos, best.node_side, node_split,
-                   split_leaf)
+    select_args = (seg_best, *_halves(event_cost), events.event_pos, event_side,
+                   nodes.node_ref_offset, i64(n), i64(cfg.leaf_size), np.int32(level_active),
+                   f64(cfg.k_intersect), best.node_cost, best.node_axis, best.node_pos,
+                   best.node_side, node_split, split_leaf)
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
         launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
