@@ -36,6 +36,7 @@ counts such rays and keeps the first (:func:`bad_ray_message` names it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import threading
 
@@ -43,7 +44,7 @@ import numpy as np
 
 from .. import encoding as enc
 from ..kernels import get_function, get_function_pointer
-from ..launch import PackedLaunch, launch
+from ..launch import DEFAULT_BLOCK, PackedLaunch, launch
 from ..mesh import degenerate_mask, validate_mesh
 from ..soa import field_names
 from .soa import HitSoA, RaySoA, TraceParams
@@ -149,11 +150,23 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
     tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
     tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    launch("pack layout", get_function(TRAVERSE_SOURCE, "kd_pack_layout"),
-           max(num_nodes, num_refs), (tree_nodes.struct(), np.int64(num_nodes), leaf_tris,
-                                      np.int64(num_refs), vertices, faces, scale, nodes, tris))
+    _pack_launch()("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
+                   max(num_nodes, num_refs), DEFAULT_BLOCK,
+                   (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
+                    vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
+                   cp.cuda.get_current_stream().ptr)
     return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
+
+
+@functools.lru_cache(maxsize=None)
+def _pack_launch() -> PackedLaunch:
+    # the same launcher as the queries' (a GPU build's last launch, so that
+    # the first query finds it ready); made at first use: TreeNodeSoA is
+    # the builder's, whose package imports this module
+    from ..builder.soa import TreeNodeSoA
+
+    return PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_pack_layout", structs=(TreeNodeSoA,))
 
 
 def traversal_layout(tree, device_id=None) -> TraversalLayout:
