@@ -2,7 +2,7 @@
 # Run the GPU tests and (optionally) the GPU benchmarks on a CUDA machine.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR [tests|tests-all|build|build-quick|level-loop|
-#       primitives|traversal|traversal-check|first-hit|query-overhead|clip|render|build-paired|baseline-build|baseline-traversal]...
+#       primitives|traversal|traversal-check|first-hit|query-overhead|query-profile|clip|render|build-paired|baseline-build|baseline-traversal]...
 #
 # Meshes: $KDTREE_GPU_MESH_DIR (default ./.meshes, unpacked from ./.meshes.tar.xz
 # when that archive is there). Wheels of missing packages (trimesh, warp-lang,
@@ -51,6 +51,8 @@ for step in "${@:-tests}"; do
              | tee "$out/bench_clip.log" | tail -30 ;;
     render) python3 benchmarks/gpu_render_check.py --out "$out" 2>&1 | tail -40 ;;
     query-overhead) python3 benchmarks/bench_query_overhead.py --peers-dir .peers --out "$out" 2>&1 \
+             | tail -12 ;;
+    query-profile) python3 benchmarks/profile_query.py --peers-dir .peers --out "$out" 2>&1 \
              | tail -12 ;;
     first-hit) python3 benchmarks/bench_first_hit.py --peers-dir .peers --out "$out" 2>&1 \
              | tee "$out/bench_first_hit.log" | tail -20 ;;
