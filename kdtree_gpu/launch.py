@@ -393,6 +393,7 @@ class PackedLaunch:
                                  f"bytes, the aligned block {block.itemsize}")
         self._offsets = np.array([block.fields[name][1] for name, _ in parameters], np.uint64)
         self._local = threading.local()  # a launch may release the GIL: one block per thread
+        self._splits = {}  # number of fixed values -> (head, tail) Structs (bound launches)
 
     @classmethod
     def of_kernel(cls, filename: str, name: str, structs=()) -> "PackedLaunch":
@@ -422,13 +423,16 @@ class PackedLaunch:
             parameters.append((param, kind))
         return cls(name, parameters)
 
+    def _new_block(self) -> tuple:
+        data = np.zeros(self._struct.size, np.uint8)
+        pointers = self._offsets + np.uint64(data.ctypes.data)
+        # the arrays stay referenced with the address, so it stays valid
+        return data, pointers, pointers.ctypes.data
+
     def _block(self):
         blocks = self._local.__dict__.get("blocks")
         if blocks is None:
-            data = np.zeros(self._struct.size, np.uint8)
-            pointers = self._offsets + np.uint64(data.ctypes.data)
-            # the arrays stay referenced here, so their addresses stay valid
-            blocks = self._local.blocks = (data, pointers, pointers.ctypes.data)
+            blocks = self._local.blocks = self._new_block()
         return blocks
 
     def __call__(self, description: str, function: int, n: int, block: int, values: tuple,
@@ -439,24 +443,53 @@ class PackedLaunch:
         :class:`LaunchError` naming ``description``; the active profiler and
         the debug switch apply as in :func:`launch`.
         """
+        data, _, address = self._block()
+        self._launch(description, function, n, block, stream, data, address, self._struct, 0,
+                     values)
+
+    def _launch(self, description, function, n, block, stream, data, address, packer, at,
+                values) -> None:
+        """Pack ``values`` with ``packer`` at byte ``at`` of ``data`` and launch."""
         if n <= 0:
             return
         driver = sys.modules.get(_DRIVER) or importlib.import_module(_DRIVER)
-        data, _, address = self._block()
         grid = (n + block - 1) // block
         if _active_profiler is None and not _debug:
             try:
-                self._struct.pack_into(data, 0, *values)
+                packer.pack_into(data, at, *values)
                 driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0)
                 return
             except Exception as exc:
                 raise _launch_error(description, self, n, grid, block, exc) from exc
 
         def call():
-            self._struct.pack_into(data, 0, *values)
+            packer.pack_into(data, at, *values)
             driver.launchKernel(function, grid, 1, 1, block, 1, 1, 0, stream, address, 0)
 
         _observed(description, self, n, grid, block, call)
+
+    def bound(self, head: tuple) -> "BoundLaunch":
+        """This launch with its first ``len(head)`` values fixed (:class:`BoundLaunch`)."""
+        return BoundLaunch(self, head)
+
+    def _split(self, count: int) -> tuple:
+        """``(head Struct, tail Struct)``: the first ``count`` values (with the padding
+        after them) and the rest."""
+        split = self._splits.get(count)
+        if split is None:
+            codes, seen = self._struct.format.lstrip("<"), 0
+            for at, code in enumerate(codes):
+                if code != "x":
+                    if seen == count:
+                        break
+                    seen += 1
+            else:
+                at = len(codes)
+            if seen < count:
+                raise ValueError(f"{self.name}: {count} fixed values, the block holds {seen}")
+            split = self._splits[count] = (struct.Struct("<" + codes[:at]),
+                                           struct.Struct("<" + codes[at:]))
+        return split
 
     @property
     def offsets(self) -> tuple:
@@ -486,6 +519,36 @@ class PackedLaunch:
 
         call.arrays = (data, pointers)  # alive as long as the callable: the addresses stay valid
         return call
+
+
+class BoundLaunch:
+    """A :class:`PackedLaunch` whose first values never change, packed once.
+
+    A tree's query launches with the same addresses and box every time:
+    they are packed once into each thread's block (at its first launch
+    there), and a launch packs only the values after them. Call as the
+    launch itself, with those values only.
+    """
+
+    def __init__(self, launch: PackedLaunch, head: tuple):
+        self.launch = launch
+        self.head = tuple(head)
+        self._head, self._tail = launch._split(len(self.head))
+        self._local = threading.local()
+
+    def _block(self):
+        blocks = self._local.__dict__.get("blocks")
+        if blocks is None:
+            blocks = self.launch._new_block()
+            self._head.pack_into(blocks[0], 0, *self.head)
+            self._local.blocks = blocks
+        return blocks
+
+    def __call__(self, description: str, function: int, n: int, block: int, values: tuple,
+                 stream: int) -> None:
+        data, _, address = self._block()
+        self.launch._launch(description, function, n, block, stream, data, address, self._tail,
+                            self._head.size, values)
 
 
 @contextlib.contextmanager

@@ -110,6 +110,8 @@ class TraversalLayout:
         # kd_trace's first two parameters
         self.addresses = (0 if self.nodes is None else self.nodes.data.ptr,
                           0 if self.tris is None else self.tris.data.ptr)
+        # the launch of the common query, these values packed once
+        self.launch = _TRACE_LAUNCH.bound((*self.addresses, *self.fixed))
 
     def params(self, num_rays: int, tmin: float = 0.0, tmax: float = np.inf):
         """The kernels' :class:`TraceParams` struct (by-value argument) for these rays."""
@@ -255,8 +257,10 @@ def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool, re
 
     A query is a few microseconds of GPU work for a small batch, so the
     host's work per call is what a caller waiting for each result sees; this
-    is :func:`trace` without its generality. Only the output memory is taken
-    before the launch; the arrays over it are made while the kernel runs.
+    is :func:`trace` without its generality. The layout's launch has the
+    tree's addresses and box packed already (:class:`kdtree_gpu.launch.BoundLaunch`);
+    only the output memory is taken before the launch, and the arrays over
+    it are made while the kernel runs.
 
     Parameters
     ----------
@@ -280,10 +284,9 @@ def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool, re
     outputs = _QUERY_OUTPUTS[any_hit]
     alloc = cupy.cuda.alloc
     memory = [alloc(num_rays * dtype.itemsize) for _, dtype in outputs]
-    _TRACE_LAUNCH(_DESCRIPTIONS[any_hit, False], _trace_function(any_hit, False, device_id),
+    layout.launch(_DESCRIPTIONS[any_hit, False], _trace_function(any_hit, False, device_id),
                   num_rays, enc.TRAVERSE_BLOCK,
-                  (*layout.addresses, *layout.fixed, tmin, tmax, num_rays,
-                   origins.data.ptr, directions.data.ptr, 0, 0,
+                  (tmin, tmax, num_rays, origins.data.ptr, directions.data.ptr, 0, 0,
                    *[memory[i].ptr if i >= 0 else 0 for i in _HIT_SLOTS[any_hit]],
                    0 if record is None else record.address), stream)
     ndarray = cupy.ndarray

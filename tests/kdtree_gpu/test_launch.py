@@ -1,5 +1,6 @@
 """Launch helper and profiler: bookkeeping on the CPU, real launches on a GPU."""
 
+import sys
 import time
 
 import numpy as np
@@ -176,6 +177,36 @@ def test_packed_launch_lays_parameters_out_as_the_c_structs():
     assert packed.pack(values).tobytes() == expected.tobytes()
     with pytest.raises(Exception):  # a value missing
         packed.pack(values[:-1])
+
+
+def test_a_bound_launch_packs_its_fixed_values_once_and_the_rest_at_each_launch(monkeypatch):
+    """Head packed into each thread's block once, tail at every launch: the block the
+    driver gets equals the whole list packed at once, for every split point."""
+    from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
+
+    parameters = (("a", np.int8), ("p", TraceParams), ("b", np.int32), ("rays", RaySoA),
+                  ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
+    values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
+              7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
+    packed = L.PackedLaunch("kd_test", parameters)
+    expected = packed.pack(values).tobytes()
+    seen = []
+
+    class Driver:
+        @staticmethod
+        def launchKernel(function, gx, gy, gz, bx, by, bz, shared, stream, address, extra):
+            # the block is the uint8 array whose pointer table is at `address`
+            seen.append(address)
+
+    monkeypatch.setitem(sys.modules, L._DRIVER, Driver)
+    for count in range(len(values) + 1):
+        bound = packed.bound(values[:count])
+        for _ in range(2):  # the second launch reuses the block with the head in it
+            bound("test", function=1, n=10, block=4, values=values[count:], stream=0)
+            data, _, address = bound._block()
+            assert seen[-1] == address and data.tobytes() == expected, count
+    with pytest.raises(ValueError, match="26 fixed values, the block holds 25"):
+        packed.bound(values + (1,))
 
 
 def test_packed_launch_reads_the_parameter_list_from_the_cuda_source():
