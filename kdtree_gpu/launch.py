@@ -525,8 +525,10 @@ class BoundLaunch:
     """A :class:`PackedLaunch` whose first values never change, packed once.
 
     A tree's query launches with the same addresses and box every time:
-    they are packed once into each thread's block (at its first launch
-    there), and a launch packs only the values after them. Call as the
+    they are packed once into each thread's block, and a launch packs only
+    the values after them. The block of the thread that binds is made here
+    (a GPU build binds its tree's launch, so that the tree's first query
+    there makes nothing); another thread's at its first launch. Call as the
     launch itself, with those values only.
     """
 
@@ -535,6 +537,7 @@ class BoundLaunch:
         self.head = tuple(head)
         self._head, self._tail = launch._split(len(self.head))
         self._local = threading.local()
+        self._block()
 
     def _block(self):
         blocks = self._local.__dict__.get("blocks")
