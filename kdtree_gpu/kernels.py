@@ -340,7 +340,7 @@ def get_function_pointer(filename: str, name: str, options: Sequence[str] = (),
                          name_expressions=None, device_id: Optional[int] = None) -> int:
     """The ``CUfunction`` of :func:`get_function`'s kernel on the current device (memoized).
 
-    For launches through the driver (:class:`kdtree_gpu.launch.PackedLaunch`).
+    For launches through the driver (:class:`kdtree_gpu.packed_launch.PackedLaunch`).
     The cache entry also holds the ``RawKernel``, which keeps its module
     loaded as long as the address is handed out. ``device_id``: the current
     device's, when the caller has it (a query asks the runtime once).

@@ -44,7 +44,8 @@ import numpy as np
 
 from .. import encoding as enc
 from ..kernels import get_function, get_function_pointer
-from ..launch import DEFAULT_BLOCK, PackedLaunch, launch
+from ..launch import DEFAULT_BLOCK, launch
+from ..packed_launch import PackedLaunch
 from ..mesh import degenerate_mask, validate_mesh
 from ..soa import field_names
 from .soa import HitSoA, RaySoA, TraceParams
@@ -258,7 +259,7 @@ def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool, re
     A query is a few microseconds of GPU work for a small batch, so the
     host's work per call is what a caller waiting for each result sees; this
     is :func:`trace` without its generality. The layout's launch has the
-    tree's addresses and box packed already (:class:`kdtree_gpu.launch.BoundLaunch`);
+    tree's addresses and box packed already (:class:`kdtree_gpu.packed_launch.BoundLaunch`);
     only the output memory is taken before the launch, and the arrays over
     it are made while the kernel runs.
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from kdtree_gpu import launch as L
+from kdtree_gpu import packed_launch as P
 from kdtree_gpu.device import gpu_available
 
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
@@ -171,7 +172,7 @@ def test_packed_launch_lays_parameters_out_as_the_c_structs():
                   ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
     values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
               7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
-    packed = L.PackedLaunch("kd_test", parameters)
+    packed = P.PackedLaunch("kd_test", parameters)
     expected, offsets = _packed_oracle(parameters, values)
     assert packed.offsets == tuple(offsets)
     assert packed.pack(values).tobytes() == expected.tobytes()
@@ -188,7 +189,7 @@ def test_a_bound_launch_packs_its_fixed_values_once_and_the_rest_at_each_launch(
                   ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
     values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
               7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
-    packed = L.PackedLaunch("kd_test", parameters)
+    packed = P.PackedLaunch("kd_test", parameters)
     expected = packed.pack(values).tobytes()
     seen = []
 
@@ -198,7 +199,7 @@ def test_a_bound_launch_packs_its_fixed_values_once_and_the_rest_at_each_launch(
             # the block is the uint8 array whose pointer table is at `address`
             seen.append(address)
 
-    monkeypatch.setitem(sys.modules, L._DRIVER, Driver)
+    monkeypatch.setitem(sys.modules, P._DRIVER, Driver)
     for count in range(len(values) + 1):
         bound = packed.bound(values[:count])
         for _ in range(2):  # the second launch reuses the block with the head in it
@@ -212,17 +213,17 @@ def test_a_bound_launch_packs_its_fixed_values_once_and_the_rest_at_each_launch(
 def test_packed_launch_reads_the_parameter_list_from_the_cuda_source():
     from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
 
-    packed = L.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
+    packed = P.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
     assert packed.parameters == (("key", np.uint64), ("segment", np.uint64), ("n", np.int64),
                                  ("segment_key", np.uint64))
     with pytest.raises(ValueError, match="'p' has type 'KdTraceParams'"):
-        L.PackedLaunch.of_kernel("traverse.cu", "kd_trace", structs=(RaySoA, HitSoA))
+        P.PackedLaunch.of_kernel("traverse.cu", "kd_trace", structs=(RaySoA, HitSoA))
     with pytest.raises(ValueError, match="no definition of kernel 'kd_nothing'"):
-        L.PackedLaunch.of_kernel("traverse.cu", "kd_nothing", structs=(TraceParams,))
+        P.PackedLaunch.of_kernel("traverse.cu", "kd_nothing", structs=(TraceParams,))
 
 
 def test_packed_launch_skips_empty_launches():
-    packed = L.PackedLaunch("kd_test", (("n", np.int64),))
+    packed = P.PackedLaunch("kd_test", (("n", np.int64),))
     packed("nothing", function=0, n=0, block=128, values=(0,), stream=0)  # no driver call
 
 
@@ -234,7 +235,7 @@ def test_gpu_packed_launch_profile_and_debug():
     from kdtree_gpu.kernels import get_function_pointer
 
     function = get_function_pointer("primitives.cu", "kd_segmented_min_u32")
-    packed = L.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
+    packed = P.PackedLaunch.of_kernel("primitives.cu", "kd_segmented_min_u32")
     n = 10000
     key = cupy.arange(n, 0, -1, dtype=cupy.int64).astype(cupy.uint32)
     segment = cupy.zeros(n, dtype=cupy.int32)
@@ -279,7 +280,7 @@ def test_every_kernel_parameter_list_is_read_from_its_source():
                                r"(kd_\w+)\s*\(", text))
         for name in sorted(names):
             try:
-                packed = L.PackedLaunch.of_kernel(path.name, name, structs=structs)
+                packed = P.PackedLaunch.of_kernel(path.name, name, structs=structs)
             except ValueError as exc:
                 assert "a macro's list is not read" in str(exc), (path.name, name, exc)
                 macro += 1
