@@ -14,6 +14,12 @@ from .. import encoding as enc
 from ..config import _is_int
 
 
+def widest_level(num: int) -> int:
+    """The most events (or references) a level below a start level of ``num`` is
+    expected to hold: 3.5x (:func:`default_loop_capacity` says where that comes from)."""
+    return 7 * num // 2
+
+
 def default_loop_capacity(num_events: int, num_refs: int) -> tuple:
     """Capacities of the level loop's first buffers, from the start level's sizes.
 
@@ -31,8 +37,8 @@ def default_loop_capacity(num_events: int, num_refs: int) -> tuple:
     cap_events, cap_refs, cap_nodes, cap_tree : int
         Events, references and nodes per level; tree nodes and leaf entries.
     """
-    return (7 * num_events // 2 + 4096, 7 * num_refs // 2 + 1024, 5 * num_refs // 4 + 1024,
-            10 * num_refs + 256)
+    return (widest_level(num_events) + 4096, widest_level(num_refs) + 1024,
+            5 * num_refs // 4 + 1024, 10 * num_refs + 256)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -17,6 +17,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
+from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .output import grown
@@ -53,7 +54,7 @@ def level_loop_kernel(cp):
 
 
 # The auto grid gives each thread about this many events of the widest level
-# a launch can expect (3.5x its start level's: default_loop_capacity) per pass.
+# a launch can expect (settings.widest_level: 3.5x its start level's) per pass.
 # Measured on an H200 (loop kernel alone, blocks 1 to 264): suzanne (5.8k root
 # events) 2.78 ms with 1 block, 1.06 with 8, 0.91 with 32-64, 1.13 with all
 # 264; cornell_box (216) 0.37 ms with 1-132 blocks, 0.46 with 264; the bunny
@@ -76,7 +77,7 @@ def loop_grid(num_events: int, resident: int, settings) -> int:
     """
     if settings.loop_blocks:
         return min(settings.loop_blocks, resident)
-    widest = 7 * num_events // 2
+    widest = widest_level(num_events)
     return max(1, min(resident, -(-widest // (enc.LOOP_BLOCK * LOOP_EVENTS_PER_THREAD))))
 
 
