@@ -205,9 +205,8 @@ class PackedLaunch:
         """
         from cupy_backends.cuda.api import driver
 
-        data = self.pack(values)
-        pointers = self._offsets + np.uint64(data.ctypes.data)
-        address = pointers.ctypes.data
+        data, pointers, address = self._new_block()
+        self._struct.pack_into(data, 0, *values)
         grid = (n + block - 1) // block
 
         def call():
