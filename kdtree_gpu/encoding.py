@@ -82,7 +82,13 @@ LOOP_NEED_LEAF_REFS = 12  # leaf_tris entries including the level's own
 LOOP_DEFER_NEXT = 13  # small nodes deferred so far, all launches (the next record's index)
 LOOP_DEFER_LEVEL = 14  # small nodes deferred by the current level
 LOOP_NEED_DEFERRED = 15  # deferral records the stopped level needs, its own included
-LOOP_SLOTS = 16
+# perfect splits (clip) in the loop: the most new events of one child segment
+# in the current level, the new events the stopped level needs, and whether it
+# must run with one launch per stage (a segment over LoopSettings.clip_segment)
+LOOP_CLIP_SEGMENT = 16
+LOOP_NEED_NEW_EVENTS = 17
+LOOP_NEED_STAGES = 18
+LOOP_SLOTS = 19
 LOOP_DONE = 0
 LOOP_STOPPED = 1
 

@@ -91,6 +91,12 @@ class GpuSettings:
         as the device holds at once. Every stage of a level ends at a grid
         barrier, whose cost grows with the blocks: a small mesh's levels
         are mostly barriers, a large mesh's levels are mostly work.
+    clip_segment : int
+        With perfect splits (``SAHConfig(clip=True)``) the level-loop kernel
+        orders each child segment's new events by counting, for each, the
+        smaller ones (work quadratic in the segment's count, against a sort
+        and a merge by binary search in the per-stage path); a level with a
+        child segment of more new events runs with one launch per stage.
     keep_workspace : bool
         Keep the workspace's blocks cached when the build ends (False: give
         them back). Making them anew costs each build a few allocations
@@ -109,11 +115,13 @@ class GpuSettings:
     small_records: int = 0
     workspace_block: int = 4 << 20
     loop_blocks: int = 0
+    clip_segment: int = 8192
     keep_workspace: bool = False
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_records": (0, None),
-                  "workspace_block": (1, None), "loop_blocks": (0, None)}
+                  "workspace_block": (1, None), "loop_blocks": (0, None),
+                  "clip_segment": (0, None)}
         for name, (lo, hi) in limits.items():
             value = getattr(self, name)
             if not _is_int(value) or value < lo or (hi is not None and value > hi):

@@ -141,15 +141,32 @@ class LevelScratch(SoA):
     ref_lr: object = soa_field(np.int64)  # (R + 1) packed (left, right) flags
     ref_lr_ex: object = soa_field(np.int64)  # (R + 1) their scan
     child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
+    # Perfect splits in the level loop (no rows without clipping; C new events):
+    ref_lo: object = soa_field(np.float32)  # (3R) each reference's box in its node
+    ref_hi: object = soa_field(np.float32)  # (3R)
+    copy_lo: object = soa_field(np.float32)  # (6R) box of reference r's copy in child side:
+    copy_hi: object = soa_field(np.float32)  # (6R) rows 2r + side
+    new_count: object = soa_field(np.int64)  # (6N + 1) new events per child segment
+    new_offset: object = soa_field(np.int64)  # (6N + 1) their scan
+    new_cursor: object = soa_field(np.int32)  # (6N) places taken in each segment's list
+    new_key: object = soa_field(np.uint64)  # (C) new events, listed by child segment
+    new_rank: object = soa_field(np.int32)  # (C) kept events before each, in key order
 
     @staticmethod
-    def capacity_rows(cap_events: int, cap_refs: int, cap_nodes: int) -> dict:
-        """Rows of each field for levels of up to these many events, references and nodes."""
+    def capacity_rows(cap_events: int, cap_refs: int, cap_nodes: int,
+                      cap_new: int = 0) -> dict:
+        """Rows of each field for levels of up to these many events, references and
+        nodes, and (perfect splits: ``cap_new`` > 0) new events."""
         e, r, n = cap_events, cap_refs, cap_nodes
+        c = 1 if cap_new else 0  # the clipping rows
         return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
                 "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
-                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "child_count": 8 * n + 2}
+                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "child_count": 8 * n + 2,
+                "ref_lo": c * 3 * r, "ref_hi": c * 3 * r, "copy_lo": c * 6 * r,
+                "copy_hi": c * 6 * r, "new_count": c * (6 * n + 1),
+                "new_offset": c * (6 * n + 1), "new_cursor": c * 6 * n, "new_key": cap_new,
+                "new_rank": cap_new}
 
 
 @dataclasses.dataclass
@@ -223,6 +240,7 @@ class LoopCapacity(ScalarStruct):
     tree_nodes: int = scalar_field(np.int64)
     leaf_refs: int = scalar_field(np.int64)
     deferred: int = scalar_field(np.int64)  # records of deferred small nodes
+    new_events: int = scalar_field(np.int64)  # new events of clipped references per level
 
 
 @dataclasses.dataclass
@@ -235,20 +253,26 @@ class LoopSettings(ScalarStruct):
     max_depth: int = scalar_field(np.int64)
     leaf_size: int = scalar_field(np.int64)
     longest_only: int = scalar_field(np.int32)
+    clip: int = scalar_field(np.int32)  # perfect splits
     k_traversal: float = scalar_field(np.float64)
     k_intersect: float = scalar_field(np.float64)
     empty_bonus: float = scalar_field(np.float64)
     # nodes to split with at most this many references are deferred (0: none)
     small_refs: int = scalar_field(np.int64)
+    # with clip: a level whose child segment would get more new events goes
+    # back to the host (its merge costs the square of that count in the loop)
+    clip_segment: int = scalar_field(np.int64)
 
     @staticmethod
-    def for_build(cfg, max_depth: int, small_refs: int, max_level_events: int = 0):
+    def for_build(cfg, max_depth: int, small_refs: int, max_level_events: int = 0,
+                  clip_segment: int = 0):
         """The kernel argument for a build under ``cfg`` (``SAHConfig``); made
         once per distinct set of values (a build launches with the same few)."""
         return _loop_settings(max_level_events=int(max_level_events), max_depth=int(max_depth),
                               leaf_size=cfg.leaf_size, longest_only=int(cfg.axes == "longest"),
-                              k_traversal=cfg.k_traversal, k_intersect=cfg.k_intersect,
-                              empty_bonus=cfg.empty_bonus, small_refs=int(small_refs))
+                              clip=int(cfg.clip), k_traversal=cfg.k_traversal,
+                              k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
+                              small_refs=int(small_refs), clip_segment=int(clip_segment))
 
 
 @functools.lru_cache(maxsize=256)

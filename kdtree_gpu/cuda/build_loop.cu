@@ -17,7 +17,7 @@
 // more than max_level_events events, runs that level one stage per launch).
 #include <cooperative_groups.h>
 
-#include "build_stages.cuh"
+#include "clip.cuh"
 
 namespace cg = cooperative_groups;
 
@@ -75,15 +75,48 @@ __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
 // reference, and 0 for i = 0: the scan input of route_events, computed as
 // the scan loads it. (The per-stage kernels classify each event's reference
 // again instead, to save a launch; here the references' classes are ready
-// after the barrier that ends classification.)
+// after the barrier that ends classification.) With perfect splits a
+// straddling reference's events go to no child (KdClassifyArgs).
 struct KdLoadEventLR {
     const int* event_ref;
     const unsigned char* ref_class;
+    int clip;
     __device__ long long operator()(long long i) const
     {
-        return i == 0 ? 0 : kd_pack_lr(ref_class[event_ref[i - 1]]);
+        if (i == 0) return 0;
+        unsigned char cls = ref_class[event_ref[i - 1]];
+        return clip && cls == KD_CLASS_BOTH ? 0 : kd_pack_lr(cls);
     }
 };
+
+// --- perfect splits (cfg.clip) in the loop -------------------------------------
+// The per-stage path (clip.cu) orders a level's new events with one radix sort
+// and merges them into the kept ones by binary search. The loop has no sort:
+// each child segment's new events are listed in any order, and each new event
+// counts the new events of its segment with a smaller key (quadratic in the
+// segment's count, which LoopSettings.clip_segment bounds: a level with a
+// larger segment goes back to the per-stage path) and finds the kept events
+// before it by a binary search in its parent segment, whose events are in the
+// same order as the child's (a child keeps its references' order). Keys are
+// unique in a segment: (position, kind, reference in the parent level).
+__device__ __forceinline__ unsigned long long kd_loop_clip_key(float pos, int kind, long long ref)
+{
+    return ((unsigned long long)kd_ordered_bits32(pos) << KD_CLIP_POS_SHIFT) |
+           ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref;
+}
+
+// The box of node nd's child `side` after a split at p on axis (kd_emit_node's).
+__device__ __forceinline__ void kd_loop_child_box(const float* node_lo, const float* node_hi,
+                                                  int nd, int axis, float p, int side,
+                                                  float* lo, float* hi)
+{
+    for (int k = 0; k < 3; ++k) {
+        lo[k] = node_lo[3 * nd + k];
+        hi[k] = node_hi[3 * nd + k];
+    }
+    if (side) lo[axis] = p;
+    else hi[axis] = p;
+}
 
 // Where the loop ended (encoding.LOOP_*): done, or stopped before `level`,
 // whose sizes are given and which lives in level buffer `buffer`.
@@ -110,6 +143,7 @@ __device__ __forceinline__ void kd_write_loop_status(long long* status, long lon
 // levels: slot s of an array starts at s times its capacity).
 extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
 kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                     const float* __restrict__ vertices, const int* __restrict__ faces,
                      KdEvents start_events, KdRefs start_refs, KdNodes start_nodes,
                      KdLevelSizes start,  // the level to start from (read only)
                      KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes,  // two levels
@@ -126,6 +160,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
     const int longest_only = cfg.longest_only;
     const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
     const double empty_bonus = cfg.empty_bonus;
+    const int clip = cfg.clip;
     const float* pos = start_events.event_pos;
     const signed char* kind = start_events.event_kind;
     const int* ref = start_events.event_ref;
@@ -155,7 +190,10 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_items = num_refs > num_events ? num_refs : num_events;
 
         // compute_split_costs (R5-R7)
-        if (leader) status[KD_LOOP_DEFER_LEVEL] = 0;
+        if (leader) {
+            status[KD_LOOP_DEFER_LEVEL] = 0;
+            status[KD_LOOP_CLIP_SEGMENT] = 0;
+        }
         kd_grid_for(3 * n, [&](long long i) {
             if (i < 3 * n) {
                 s.seg_min_cost[i] = KD_INF_BITS;
@@ -176,7 +214,12 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         KdCostArgs cost = {pos, seg, s.event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost};
-        kd_grid_for(num_events, [&](long long e) { kd_split_cost_event(cost, e); });
+        kd_grid_for(num_events, [&](long long e) {
+            kd_split_cost_event(cost, e);
+            // with perfect splits, each reference's box in its node (R2)
+            if (clip && e < num_events)
+                kd_reference_box_event(pos, kind, ref, seg, e, n, s.ref_lo, s.ref_hi);
+        });
         grid.sync();
         // select_best_splits and decide_leaves (R4, R8)
         kd_grid_for(num_events, [&](long long e) {
@@ -200,13 +243,19 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                 atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_LEVEL], 1ull);
             }
         });
-        kd_grid_for(8 * n + 2, [&](long long i) { if (i < 8 * n + 2) s.child_count[i] = 0; });
+        kd_grid_for(8 * n + 2, [&](long long i) {
+            if (i < 8 * n + 2) s.child_count[i] = 0;
+            if (clip && i < 6 * n + 1) s.new_count[i] = 0;
+            if (clip && i < 6 * n) s.new_cursor[i] = 0;
+        });
         grid.sync();
         // classify_triangles (R9), beside the first half of the scan of the
         // (split, leaf count) values
+        // (with perfect splits the references' own boxes, one row per reference)
         KdClassifyArgs classify = {tri, node, ref, s.best_axis, s.best_pos, s.best_side,
-                                   s.node_split, tri_lo, tri_hi, num_refs, num_events,
-                                   s.ref_class, s.ref_lr, nullptr, 0};
+                                   s.node_split, clip ? s.ref_lo : tri_lo,
+                                   clip ? s.ref_hi : tri_hi, num_refs, num_events,
+                                   s.ref_class, s.ref_lr, nullptr, clip};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();
@@ -214,18 +263,62 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         // the scans of the child counts into the children's offsets
         kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
         kd_grid_scan_sums(KdLoadArray{s.ref_lr}, num_refs + 1, sums1);
-        const KdLoadEventLR event_lr = {ref, s.ref_class};
+        const KdLoadEventLR event_lr = {ref, s.ref_class, clip};
         kd_grid_scan_sums(event_lr, num_events + 1, sums2);
         grid.sync();
         kd_grid_scan_finish(KdLoadArray{s.ref_lr}, num_refs + 1, sums1, s.ref_lr_ex);
         kd_grid_scan_finish(event_lr, num_events + 1, sums2, s.event_scan);
+        const long long split_count = KD_LOW(s.split_leaf_ex[n]);
+        if (clip) {
+            // Perfect splits: each straddling reference clipped to both
+            // children (copy rows 2r, 2r + 1), and its new events counted per
+            // child segment (after a leading 0, as the child counts).
+            kd_grid_for(num_refs, [&](long long r) {
+                if (r >= num_refs || s.ref_class[r] != KD_CLASS_BOTH) return;
+                const int nd = node[r];
+                const int* f = faces + 3 * (long long)tri[r];
+                for (int side = 0; side < 2; ++side) {
+                    float child_lo[3], child_hi[3];
+                    kd_loop_child_box(lo, hi, nd, s.best_axis[nd], s.best_pos[nd], side,
+                                      child_lo, child_hi);
+                    float* copy_lo = s.copy_lo + 3 * (2 * r + side);
+                    float* copy_hi = s.copy_hi + 3 * (2 * r + side);
+                    kd_clip_child_box(vertices + 3 * (long long)f[0],
+                                      vertices + 3 * (long long)f[1],
+                                      vertices + 3 * (long long)f[2], s.ref_lo + 3 * r,
+                                      s.ref_hi + 3 * r, child_lo, child_hi, copy_lo, copy_hi);
+                    for (int k = 0; k < 3; ++k) {
+                        long long c = kd_child_group(k * n + nd, n, s.split_leaf_ex,
+                                                     split_count) + side;
+                        atomicAdd((unsigned long long*)&s.new_count[c + 1],
+                                  copy_lo[k] == copy_hi[k] ? 1ull : 2ull);
+                    }
+                }
+            });
+        }
         grid.sync();
         KdRouteArgs route = {node_ref_offset, s.ref_lr_ex, seg_event_offset, s.event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
-        kd_grid_for(4 * n, [&](long long t) { if (t < 4 * n) kd_child_count(route, t); });
+        kd_grid_for(4 * n, [&](long long t) {
+            if (t >= 4 * n) return;
+            kd_child_count(route, t);
+            if (clip && t >= n && s.node_split[(t - n) % n]) {
+                // a child segment holds its kept and its new events
+                long long c = kd_child_group(t - n, n, s.split_leaf_ex, split_count);
+                for (int side = 1; side <= 2; ++side) {
+                    long long add = s.new_count[c + side];
+                    child_event_count[c + side] += add;
+                    if (add > cfg.clip_segment)
+                        atomicMax((unsigned long long*)&status[KD_LOOP_CLIP_SEGMENT],
+                                  (unsigned long long)add);
+                }
+            }
+        });
+        if (clip) kd_grid_scan_sums(KdLoadArray{s.new_count}, 6 * n + 1, sums2);
         grid.sync();
         kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
         kd_grid_scan_sums(KdLoadArray{child_event_count}, 6 * n + 1, sums1);
+        if (clip) kd_grid_scan_finish(KdLoadArray{s.new_count}, 6 * n + 1, sums2, s.new_offset);
         grid.sync();
         kd_grid_scan_finish(KdLoadArray{child_ref_count}, 2 * n + 1, sums0, child_ref_offset);
         kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
@@ -239,10 +332,13 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         const long long num_child_events = child_event_offset[6 * num_split];
         const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
                                         + *(volatile long long*)&status[KD_LOOP_DEFER_LEVEL];
+        const long long num_new = clip ? s.new_offset[6 * num_split] : 0;
+        const bool need_stages = *(volatile long long*)&status[KD_LOOP_CLIP_SEGMENT] > 0;
         const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
                           && need_deferred <= cap.deferred
                           && num_child_events <= cap_events
                           && num_child_events <= cfg.max_level_events
+                          && num_new <= cap.new_events && !need_stages
                           && level_base + n <= cap.tree_nodes
                           && leaf_ref_base + num_leaf_refs <= cap.leaf_refs;
         if (!fits) {
@@ -255,12 +351,18 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                 status[KD_LOOP_NEED_TREE_NODES] = level_base + n;
                 status[KD_LOOP_NEED_LEAF_REFS] = leaf_ref_base + num_leaf_refs;
                 status[KD_LOOP_NEED_DEFERRED] = need_deferred;
+                status[KD_LOOP_NEED_NEW_EVENTS] = num_new;
+                status[KD_LOOP_NEED_STAGES] = need_stages;
             }
             return;
         }
         // emit_level (R10) and make_child_nodes; split_refs and split_events
         float* child_lo = lvl_nodes.node_lo + nxt * 3 * cap_nodes;
         float* child_hi = lvl_nodes.node_hi + nxt * 3 * cap_nodes;
+        float* child_pos = lvl_events.event_pos + nxt * cap_events;
+        signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
+        int* child_ref = lvl_events.event_ref + nxt * cap_events;
+        int* child_seg = lvl_events.event_seg + nxt * cap_events;
         KdEmitArgs emit = {s.node_split, s.best_axis, s.best_pos, s.split_leaf_ex, lo, hi, n,
                            level_base, leaf_ref_base, out.node_axis, out.node_split,
                            out.node_child, out.node_count, child_lo, child_hi};
@@ -275,17 +377,73 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
                                       lo + 3 * i, hi + 3 * i);
             }
         });
-        float* child_pos = lvl_events.event_pos + nxt * cap_events;
-        signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
-        int* child_ref = lvl_events.event_ref + nxt * cap_events;
-        int* child_seg = lvl_events.event_seg + nxt * cap_events;
+        if (clip) {
+            // Perfect splits: the new events listed by child segment (any
+            // order within one), then each written at its place in the
+            // merged list, with its rank among the kept ones for their scatter.
+            kd_grid_for(num_refs, [&](long long r) {
+                if (r >= num_refs || s.ref_class[r] != KD_CLASS_BOTH) return;
+                const int nd = node[r];
+                for (int side = 0; side < 2; ++side) {
+                    for (int k = 0; k < 3; ++k) {
+                        long long c = kd_child_group(k * n + nd, n, s.split_leaf_ex,
+                                                     num_split) + side;
+                        float b0 = s.copy_lo[3 * (2 * r + side) + k];
+                        float b1 = s.copy_hi[3 * (2 * r + side) + k];
+                        unsigned long long* list = s.new_key + s.new_offset[c];
+                        if (b0 == b1) {
+                            list[atomicAdd(&s.new_cursor[c], 1)] =
+                                kd_loop_clip_key(b0, KD_EVENT_PLANAR, r);
+                        } else {
+                            int at = atomicAdd(&s.new_cursor[c], 2);
+                            list[at] = kd_loop_clip_key(b1, KD_EVENT_END, r);
+                            list[at + 1] = kd_loop_clip_key(b0, KD_EVENT_START, r);
+                        }
+                    }
+                }
+            });
+            grid.sync();
+            kd_grid_for(num_new, [&](long long i) {
+                if (i >= num_new) return;
+                const long long c = kd_lower_bound(s.new_offset, 0ll, 6 * num_split + 1, i + 1) - 1;
+                const unsigned long long key = s.new_key[i];
+                const long long b = s.new_offset[c], e_end = s.new_offset[c + 1];
+                long long rank = 0;
+                for (long long j = b; j < e_end; ++j) rank += s.new_key[j] < key;
+                const long long r = (long long)(key & ((1ull << KD_CLIP_KIND_SHIFT) - 1));
+                const int new_kind = (int)((key >> KD_CLIP_KIND_SHIFT) & 3);
+                const int nd = node[r];
+                const int side = (int)(c & 1);
+                const long long ps = (c / (2 * num_split)) * n + nd;
+                long long first = seg_event_offset[ps], lo_e = first, hi_e = seg_event_offset[ps + 1];
+                while (lo_e < hi_e) {
+                    long long mid = lo_e + (hi_e - lo_e) / 2;
+                    if (kd_loop_clip_key(pos[mid], kind[mid], ref[mid]) < key) lo_e = mid + 1;
+                    else hi_e = mid;
+                }
+                const long long lr_p = s.event_scan[lo_e], lr_s = s.event_scan[first];
+                const long long kept = side ? KD_HIGH(lr_p) - KD_HIGH(lr_s)
+                                            : KD_LOW(lr_p) - KD_LOW(lr_s);
+                s.new_rank[b + rank] = (int)kept;
+                long long dl, dr;
+                kd_ref_destinations(r, nd, s.ref_lr_ex, node_ref_offset, s.split_leaf_ex,
+                                    child_ref_offset, &dl, &dr);
+                const long long dst = child_event_offset[c] + kept + rank;
+                child_pos[dst] = kd_float_from_ordered_bits32((unsigned int)(key >> KD_CLIP_POS_SHIFT));
+                child_kind[dst] = (signed char)new_kind;
+                child_ref[dst] = (int)(side ? dr : dl);
+                child_seg[dst] = (int)c;
+            });
+            grid.sync();
+        }
         int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
         int* child_node = lvl_refs.ref_node + nxt * cap_refs;
         KdScatterArgs scatter = {tri, node, s.ref_class, s.ref_lr_ex, node_ref_offset,
                                  s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
                                  s.event_scan, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
-                                 child_pos, child_kind, child_ref, child_seg, 0};
+                                 child_pos, child_kind, child_ref, child_seg, clip,
+                                 clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};
         kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
         if (leader) {
             status[KD_LOOP_SLOTS + 3 * level] = n;

@@ -469,7 +469,25 @@ struct KdScatterArgs {
     int* out_ref;
     int* out_seg;
     int clip;  // straddling references' events stay behind (KdClassifyArgs)
+    // The level loop's perfect splits: child_event_offset holds the merged
+    // offsets (kept and new events); kept event j of child segment c goes
+    // after the new events whose rank among the kept ones (new_rank, listed
+    // by segment from new_offset[c], ascending) is at most j. Null elsewhere.
+    const long long* new_offset;
+    const int* new_rank;
 };
+
+// Kept event j of child segment c: its place in the merged list (above).
+__device__ __forceinline__ long long kd_kept_event_place(const KdScatterArgs& a, long long c,
+                                                         long long j)
+{
+    long long dst = a.child_event_offset[c] + j;
+    if (a.new_rank) {
+        long long b = a.new_offset[c];
+        dst += kd_lower_bound(a.new_rank, b, a.new_offset[c + 1], (int)(j + 1)) - b;
+    }
+    return dst;
+}
 
 __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
 {
@@ -510,14 +528,14 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
         float pos = a.event_pos[i];
         signed char kind = a.event_kind[i];
         if (cls & KD_CLASS_LEFT) {
-            long long dst = a.child_event_offset[child_seg] + (KD_LOW(lr_e) - KD_LOW(lr_s));
+            long long dst = kd_kept_event_place(a, child_seg, KD_LOW(lr_e) - KD_LOW(lr_s));
             a.out_pos[dst] = pos;
             a.out_kind[dst] = kind;
             a.out_ref[dst] = (int)rl;
             a.out_seg[dst] = (int)child_seg;
         }
         if (cls & KD_CLASS_RIGHT) {
-            long long dst = a.child_event_offset[child_seg + 1] + (KD_HIGH(lr_e) - KD_HIGH(lr_s));
+            long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
             a.out_pos[dst] = pos;
             a.out_kind[dst] = kind;
             a.out_ref[dst] = (int)rr;

@@ -113,18 +113,18 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         state = LoopState(events, refs, nodes, workspace=workspace)
         del events, refs, nodes  # the state holds the root level while it is needed
         grid_loop = None
-        if loop == "grid" and settings.level_loop and not cfg.clip:
-            # the level-loop kernel does not clip: every clipped level runs by stages
+        if loop == "grid" and settings.level_loop:
             grid_loop = level_loop_kernel(cp)
         # grown as levels are written (the level loop reserves its share up front)
         out = TreeOutput(cp)
         while not state.done:
             if grid_loop is not None and state.events.size <= settings.loop_max_events:
                 state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
-                                          grid_loop, settings)
+                                          grid_loop, settings, (V_d, F_d))
                 if state.done:
                     break
-                # The loop stopped at a level whose children are too large for it.
+                # The loop stopped at a level whose children are too large for it
+                # (or, clipping, whose new events it leaves to the stages' sort).
             state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
                                        (V_d, F_d))
         state.events = state.refs = state.nodes = None

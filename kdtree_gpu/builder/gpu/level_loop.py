@@ -82,11 +82,11 @@ def loop_grid(num_events: int, resident: int, settings) -> int:
 
 
 @functools.lru_cache(maxsize=64)
-def _buffer_layout(cap_events: int, cap_refs: int, cap_nodes: int) -> BlockLayout:
+def _buffer_layout(cap_events: int, cap_refs: int, cap_nodes: int, cap_new: int) -> BlockLayout:
     # children of a level are routed into offsets of 2n + 1 and 6n + 1 groups
     node_rows = {"node_ref_offset": 2 * (2 * cap_nodes + 1),
                  "seg_event_offset": 2 * (6 * cap_nodes + 1)}
-    scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes)
+    scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes, cap_new)
     return BlockLayout([(EventSoA, EventSoA.shapes(2 * cap_events)),
                         (RefSoA, RefSoA.shapes(2 * cap_refs)),
                         (NodeSoA, NodeSoA.shapes(2 * cap_nodes, **node_rows)),
@@ -101,9 +101,9 @@ class LevelBuffers:
     structs straight from the block's address (a small build's host time
     is mostly such bookkeeping); array views are made only on request."""
 
-    def __init__(self, cp, cap_events: int, cap_refs: int, cap_nodes: int):
+    def __init__(self, cp, cap_events: int, cap_refs: int, cap_nodes: int, cap_new: int = 0):
         self.cap_events, self.cap_refs, self.cap_nodes = cap_events, cap_refs, cap_nodes
-        self.block = _buffer_layout(cap_events, cap_refs, cap_nodes).allocate(cp)
+        self.block = _buffer_layout(cap_events, cap_refs, cap_nodes, cap_new).allocate(cp)
 
     def structs(self) -> tuple:
         """The kernel structs of the events, references, nodes and scratch."""
@@ -126,7 +126,7 @@ class LevelBuffers:
                         nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
 
 
-def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings):
+def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
     """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
     Small nodes the loop would split are deferred (``settings.small_refs``):
@@ -140,9 +140,15 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     ``settings.loop_max_events`` events, returns that level to the caller
     (who runs it with one launch per stage).
 
+    With perfect splits (``cfg.clip``) the kernel clips the straddling
+    references and merges their new events (``cuda/build_loop.cu``); a level
+    with a child segment of more than ``settings.clip_segment`` new events
+    goes back to the caller too (the per-stage path sorts them).
+
     Parameters
     ----------
     tri_lo, tri_hi : (num_triangles, 3) float32 (device)
+    mesh : (vertices, faces) on the device (read with ``cfg.clip``)
     state : LoopState
         The level to start from: the root, or a level the per-stage loop
         handed back.
@@ -165,33 +171,43 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         # loop's one block: give them back before it is made.
         workspace.trim()
     max_events = settings.loop_max_events
+    if cfg.clip:
+        # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
+        # and a level has at most a third as many references as events
+        max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
     cap_e, cap_r, cap_n, cap_tree = settings.loop_capacity(state.events.size, state.refs.size)
     cap_e = max(state.events.size, min(cap_e, max_events))
     cap_r = max(state.refs.size, min(cap_r, max_events // 3 + 1))
     cap_n = max(state.nodes.size, cap_n)
+    # new events of clipped references: up to a third of a level's (measured
+    # with the NumPy pipeline on suzanne: 0-31% of the kept ones per level)
+    cap_new = cap_e // 2 + 1024 if cfg.clip else 0
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree,
                 state.level_base, state.leaf_ref_base)
     block_sum = cp.empty(3 * resident, dtype=np.int64)
-    loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs, max_events)
+    # the small-node kernel does not clip: with clip=True no node is deferred
+    loop_settings = LoopSettings.for_build(cfg, max_depth, 0 if cfg.clip else settings.small_refs,
+                                           max_events, settings.clip_segment)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4)
                                              if settings.small_refs else 1)
         state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
-        buffers = LevelBuffers(cp, cap_e, cap_r, cap_n)
+        buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
         start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
                            num_events=state.events.size, level=state.level,
                            level_base=state.level_base, leaf_ref_base=state.leaf_ref_base)
         capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
                                 tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity,
-                                deferred=state.deferred.shape[0])
+                                deferred=state.deferred.shape[0], new_events=cap_new)
         # zeroed on the device (queued; an upload would wait for the copy)
         status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
         if state.num_deferred:
             status[enc.LOOP_DEFER_NEXT] = state.num_deferred
         grid = loop_grid(state.events.size, resident, settings)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
-               (tri_lo, tri_hi, state.events.struct(), state.refs.struct(), state.nodes.struct(),
+               (tri_lo, tri_hi, *mesh, state.events.struct(), state.refs.struct(),
+                state.nodes.struct(),
                 start.struct(), *buffers.structs(), block_sum, out.nodes.struct(),
                 out.leaf, state.deferred, capacity.struct(), loop_settings, status),
                block=enc.LOOP_BLOCK)
@@ -223,11 +239,13 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             del views
         buffers = None
         need_events = int(record[enc.LOOP_NEED_EVENTS])
-        if need_events > max_events:
+        if need_events > max_events or record[enc.LOOP_NEED_STAGES]:
             return state
         cap_e = max(cap_e, min(2 * need_events, max_events))
         cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
         cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
+        if cfg.clip:
+            cap_new = max(cap_new, 2 * int(record[enc.LOOP_NEED_NEW_EVENTS]))
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
                     2 * int(record[enc.LOOP_NEED_LEAF_REFS]), state.level_base,
                     state.leaf_ref_base)

@@ -295,16 +295,20 @@ def test_gpu_equals_reference_on_real_meshes(name, axes, mesh_path):
 
 
 @gpu
-def test_gpu_clip_runs_every_level_by_stages():
+def test_gpu_clip_runs_in_the_level_loop():
     V, F = soup(np.random.default_rng(0), 40)
     cfg = SAHConfig(clip=True)
     reference = cpu_reference.build(V, F, cfg)
-    # the default on a GPU, clipping or not: the CUDA drivers
+    # the default on a GPU, clipping or not: the CUDA drivers, levels in the loop
     tree = kd.build(V, F, cfg, device="cuda")
     assert tree.build_info["kernels"] == "fused"
-    assert tree.build_info["level_loop"] == "stages"
-    assert tree.build_info["stage_levels"] == list(range(tree.build_info["levels"]))
+    assert tree.build_info["level_loop"] == "grid"
+    assert tree.build_info["stage_levels"] == []
     assert_same_tree(reference, tree)
+    # without the level loop every level runs by stages, with the same tree
+    staged = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(level_loop=False))
+    assert staged.build_info["stage_levels"] == list(range(staged.build_info["levels"]))
+    assert_same_tree(reference, staged)
 
 
 @gpu

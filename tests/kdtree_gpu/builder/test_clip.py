@@ -16,11 +16,12 @@ from cpu_reference.clip import clip_child_box
 from kdtree_gpu import SAHConfig
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder.clip import clip_child_boxes, merge_events, reference_boxes
+from kdtree_gpu.builder.settings import GpuSettings
 from kdtree_gpu.builder.soa import EventSoA
 from kdtree_gpu.builder.stages import create_root_events
 from kdtree_gpu.device import gpu_available
 from kdtree_gpu.testing import meshes as scenes
-from kdtree_gpu.testing.meshes import CLIP_CONFIGS, needles_through_clouds
+from kdtree_gpu.testing.meshes import CLIP_CONFIGS, needles_through_clouds, tight_loop_capacity
 
 gpu = pytest.mark.gpu
 needs_gpu = pytest.mark.skipif(not gpu_available(), reason="no usable CUDA GPU")
@@ -216,6 +217,50 @@ def test_gpu_builders_clip_as_the_reference(seed, kernels):
     cfg = SAHConfig(clip=True, axes="all" if seed % 2 else "longest")
     scenes.assert_same_tree(cpu_reference.build(V, F, cfg),
                             kd.build(V, F, cfg, device="cuda", kernels=kernels))
+
+
+# The level-loop kernel's clipping, through each way out of the loop: buffers
+# that every level outgrows (a relaunch per level, the new-event list
+# included), a segment limit that sends levels with more new events to the
+# per-stage path and back, one block and many (the grid-strided passes).
+LOOP_CLIP_SETTINGS = {
+    "tight": GpuSettings(loop_capacity=tight_loop_capacity),
+    "segment-4": GpuSettings(clip_segment=4),
+    "segment-0": GpuSettings(clip_segment=0),
+    "one-block": GpuSettings(loop_blocks=1),
+    "tight-segment": GpuSettings(loop_capacity=tight_loop_capacity, clip_segment=16,
+                                 loop_blocks=3),
+}
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name", sorted(LOOP_CLIP_SETTINGS))
+@pytest.mark.parametrize("seed", range(8))
+def test_gpu_level_loop_clips_as_the_reference(seed, name):
+    V, F = clip_scene(seed)
+    cfg = SAHConfig(clip=True, axes="all" if seed % 2 else "longest")
+    settings = LOOP_CLIP_SETTINGS[name]
+    tree = kd.build(V, F, cfg, device="cuda", kernels="fused", settings=settings)
+    scenes.assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    info = tree.build_info
+    if name == "segment-0" and seed % 4 == 0:
+        # the needles straddle: the levels that clip them leave the loop
+        assert info["stage_levels"] and info["loop_launches"] >= 1
+    if name == "one-block" and seed % 4 != 0:
+        assert not info["stage_levels"]  # every level ran in the loop
+
+
+@gpu
+@needs_gpu
+@pytest.mark.parametrize("name", ["suzanne", "stanford_bunny", "conference"])
+def test_gpu_level_loop_clips_real_meshes_in_the_loop(name, mesh_path):
+    V, F = kd.load_mesh(mesh_path(name))
+    cfg = SAHConfig(clip=True)
+    tree = kd.build(V, F, cfg, device="cuda", kernels="fused")
+    scenes.assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    # no level of these meshes has a child segment over the default limit
+    assert tree.build_info["stage_levels"] == []
 
 
 @gpu
