@@ -10,9 +10,8 @@ kernels       device   what runs
 "xp"          cpu      the level pipeline (:mod:`.pipeline`) on NumPy
 "xp"          cuda     the same stage functions on CuPy (the kernels' twin)
 "fused"       cuda     the CUDA drivers (:mod:`.gpu`): levels in the level-loop
-                       kernel, large ones one launch per stage (the default);
-                       with ``clip=True`` every level one launch per stage
-                       (the kernels of ``cuda/clip.cu``)
+                       kernel, large ones one launch per stage (the default;
+                       with ``clip=True`` too, the loop clips)
 "stages"      cuda     the CUDA drivers, every level one launch per stage
 ============  =======  ==========================================================
 

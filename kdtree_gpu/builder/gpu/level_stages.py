@@ -9,8 +9,10 @@ Each stage is a function of its own, named after its NumPy twin in
 and compare their outputs); :func:`build_level_stages` runs them in order.
 Levels below ``GpuSettings.small_level`` run the block-wide variants
 (``kd_small_*``: one launch for the stages between two grid-wide
-dependencies). Perfect splits (``SAHConfig(clip=True)``) run here only: the
-kernels of ``cuda/clip.cu`` (twins of :mod:`..clip`).
+dependencies). Perfect splits (``SAHConfig(clip=True)``) of levels the
+level-loop kernel leaves (with a child segment of more than
+``GpuSettings.clip_segment`` new events, whose order a sort finds faster) run
+the kernels of ``cuda/clip.cu`` (twins of :mod:`..clip`).
 """
 
 from __future__ import annotations

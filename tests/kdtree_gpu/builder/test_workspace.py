@@ -113,11 +113,12 @@ class _HostBlocks:
                              offset=memptr.offset).reshape(shape)
 
 
-def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs():
+@pytest.mark.parametrize("cap_new", [0, 400])
+def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs(cap_new):
     from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
     from kdtree_gpu.builder.soa import EventSoA, LevelScratch, NodeSoA, RefSoA
 
-    buffers = LevelBuffers(_HostBlocks(), 1000, 300, 50)
+    buffers = LevelBuffers(_HostBlocks(), 1000, 300, 50, cap_new)
     groups = [buffers.events, buffers.refs, buffers.nodes, buffers.scratch]
     assert [type(g) for g in groups] == [EventSoA, RefSoA, NodeSoA, LevelScratch]
     # each field has its declared shape: two levels of each capacity, the scratch rows
@@ -125,6 +126,10 @@ def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs():
     assert buffers.nodes.node_lo.shape == (100, 3)
     assert buffers.nodes.seg_event_offset.shape == (2 * (6 * 50 + 1),)
     assert buffers.scratch.child_count.shape == (8 * 50 + 2,)
+    # the perfect splits' rows only when the loop clips (cap_new > 0)
+    assert buffers.scratch.new_key.shape == (cap_new,)
+    assert buffers.scratch.copy_lo.shape == ((6 * 300,) if cap_new else (0,))
+    assert buffers.scratch.new_offset.shape == ((6 * 50 + 1,) if cap_new else (0,))
     # aligned, apart, inside the block
     spans = sorted((a.ctypes.data, a.nbytes) for g in groups for a in g.args())
     base = spans[0][0]
@@ -139,12 +144,13 @@ def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs():
 
 
 @gpu
-def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays():
+@pytest.mark.parametrize("cap_new", [0, 400])
+def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays(cap_new):
     import cupy
 
     from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
 
-    buffers = LevelBuffers(cupy, 1000, 300, 50)
+    buffers = LevelBuffers(cupy, 1000, 300, 50, cap_new)
     arrays = [*buffers.events.args(), *buffers.refs.args(), *buffers.nodes.args(),
               *buffers.scratch.args()]
     starts = sorted((a.data.ptr, a.nbytes) for a in arrays)
@@ -158,7 +164,9 @@ def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays():
     # every array is usable: write each, read back
     for i, a in enumerate(arrays):
         a[...] = i % 2
-    assert all(int(a.max()) == i % 2 for i, a in enumerate(arrays))
+    # (without clipping, the clipping fields have no rows)
+    assert all(int(a.max()) == i % 2 for i, a in enumerate(arrays) if a.size)
+    assert sum(a.size == 0 for a in arrays) == (0 if cap_new else 9)
 
 
 @gpu
