@@ -253,14 +253,14 @@ class LoopSettings(ScalarStruct):
     max_depth: int = scalar_field(np.int64)
     leaf_size: int = scalar_field(np.int64)
     longest_only: int = scalar_field(np.int32)
-    clip: int = scalar_field(np.int32)  # perfect splits
     k_traversal: float = scalar_field(np.float64)
     k_intersect: float = scalar_field(np.float64)
     empty_bonus: float = scalar_field(np.float64)
     # nodes to split with at most this many references are deferred (0: none)
     small_refs: int = scalar_field(np.int64)
-    # with clip: a level whose child segment would get more new events goes
-    # back to the host (its merge costs the square of that count in the loop)
+    # with clip (the kernel kd_build_levels_grid_clip): a level whose child segment
+    # would get more new events goes back to the host (its merge costs the
+    # square of that count in the loop)
     clip_segment: int = scalar_field(np.int64)
 
     @staticmethod
@@ -270,7 +270,7 @@ class LoopSettings(ScalarStruct):
         once per distinct set of values (a build launches with the same few)."""
         return _loop_settings(max_level_events=int(max_level_events), max_depth=int(max_depth),
                               leaf_size=cfg.leaf_size, longest_only=int(cfg.axes == "longest"),
-                              clip=int(cfg.clip), k_traversal=cfg.k_traversal,
+                              k_traversal=cfg.k_traversal,
                               k_intersect=cfg.k_intersect, empty_bonus=cfg.empty_bonus,
                               small_refs=int(small_refs), clip_segment=int(clip_segment))
 

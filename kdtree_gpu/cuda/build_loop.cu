@@ -141,18 +141,27 @@ __device__ __forceinline__ void kd_write_loop_status(long long* status, long lon
 // go through the read-only cache. The structs are generated from the
 // declarations in kdtree_gpu/builder/soa.py (the level buffers hold two
 // levels: slot s of an array starts at s times its capacity).
-extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
-kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
-                     const float* __restrict__ vertices, const int* __restrict__ faces,
-                     KdEvents start_events, KdRefs start_refs, KdNodes start_nodes,
-                     KdLevelSizes start,  // the level to start from (read only)
-                     KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes,  // two levels
-                     KdLevelScratch s,  // the level's scratch arrays, sized by the capacities
-                     long long* block_sum,    // (3, gridDim.x)
-                     KdTreeNodes out, int* leaf_tris,  // the tree
-                     int* deferred,  // (cap.deferred, KD_SMALL_RECORD) small nodes left for later
-                     KdLoopCapacity cap, KdLoopSettings cfg,
-                     long long* status)  // KD_LOOP_SLOTS + 3 * (max_depth + 1)
+#define KD_LOOP_PARAMS                                                                        \
+    const float *__restrict__ tri_lo, const float *__restrict__ tri_hi,                       \
+        const float *__restrict__ vertices, /* the mesh: read when clipping */                \
+        const int *__restrict__ faces, KdEvents start_events, KdRefs start_refs,              \
+        KdNodes start_nodes, KdLevelSizes start, /* the level to start from (read only) */    \
+        KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes, /* two levels */             \
+        KdLevelScratch s, /* the level's scratch arrays, sized by the capacities */           \
+        long long *block_sum, /* (3, gridDim.x) */                                            \
+        KdTreeNodes out, int *leaf_tris, /* the tree */                                       \
+        int *deferred, /* (cap.deferred, KD_SMALL_RECORD) small nodes left for later */       \
+        KdLoopCapacity cap, KdLoopSettings cfg,                                               \
+        long long *status /* KD_LOOP_SLOTS + 3 * (max_depth + 1) */
+#define KD_LOOP_ARGS                                                                           \
+    tri_lo, tri_hi, vertices, faces, start_events, start_refs, start_nodes, start, lvl_events, \
+        lvl_refs, lvl_nodes, s, block_sum, out, leaf_tris, deferred, cap, cfg, status
+
+// The loop's body, once without and once with perfect splits (CLIP): the
+// plain build's kernel is compiled without the clipping code (its stack
+// arrays and registers).
+template <bool CLIP>
+__device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
 {
     cg::grid_group grid = cg::this_grid();
     const long long cap_events = cap.events, cap_refs = cap.refs, cap_nodes = cap.nodes;
@@ -160,7 +169,7 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
     const int longest_only = cfg.longest_only;
     const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
     const double empty_bonus = cfg.empty_bonus;
-    const int clip = cfg.clip;
+    constexpr int clip = CLIP;
     const float* pos = start_events.event_pos;
     const signed char* kind = start_events.event_kind;
     const int* ref = start_events.event_ref;
@@ -475,4 +484,16 @@ kd_build_levels_grid(const float* __restrict__ tri_lo, const float* __restrict__
         num_refs = num_child_refs;
         num_events = num_child_events;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
+kd_build_levels_grid(KD_LOOP_PARAMS)
+{
+    kd_build_levels<false>(KD_LOOP_ARGS);
+}
+
+extern "C" __global__ void __launch_bounds__(KD_LOOP_BLOCK, 2)
+kd_build_levels_grid_clip(KD_LOOP_PARAMS)
+{
+    kd_build_levels<true>(KD_LOOP_ARGS);
 }

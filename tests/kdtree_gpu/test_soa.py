@@ -40,7 +40,7 @@ def test_args_take_and_struct_follow_declaration_order():
 
 def test_scalar_struct_values_and_layout():
     settings = LoopSettings(max_level_events=7, max_depth=3, leaf_size=1, longest_only=1,
-                            clip=1, k_traversal=15.0, k_intersect=20.0, empty_bonus=0.8,
+                            k_traversal=15.0, k_intersect=20.0, empty_bonus=0.8,
                             small_refs=4, clip_segment=9)
     value = settings.fields()
     dtype = struct_dtype(LoopSettings)
@@ -50,7 +50,7 @@ def test_scalar_struct_values_and_layout():
     assert dtype.fields["k_traversal"][1] % 8 == 0
     assert value["max_level_events"][0] == 7 and value["empty_bonus"][0] == 0.8
     assert value["small_refs"][0] == 4 and dtype.fields["small_refs"][1] % 8 == 0
-    assert value["clip"][0] == 1 and value["clip_segment"][0] == 9
+    assert value["clip_segment"][0] == 9
 
 
 def test_cuda_struct_text_checks_every_offset():

@@ -114,7 +114,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         del events, refs, nodes  # the state holds the root level while it is needed
         grid_loop = None
         if loop == "grid" and settings.level_loop:
-            grid_loop = level_loop_kernel(cp)
+            grid_loop = level_loop_kernel(cp, cfg.clip)
         # grown as levels are written (the level loop reserves its share up front)
         out = TreeOutput(cp)
         while not state.done:

@@ -26,30 +26,34 @@ from .workspace import BlockLayout
 _loop_cache: dict = {}
 
 
-def level_loop_kernel(cp):
+def level_loop_kernel(cp, clip: bool = False):
     """The level-loop kernel and its cooperative grid on the current device.
 
     Returns
     -------
     (cupy.RawKernel, int) or None
-        The kernel ``kd_build_levels_grid`` and the number of blocks that are
-        resident at once (blocks per multiprocessor times multiprocessors),
-        or ``None`` when the device cannot run cooperative launches.
+        The kernel ``kd_build_levels_grid`` (``kd_build_levels_grid_clip``
+        with perfect splits: the plain one is compiled without their code)
+        and the number of blocks that are resident at once (blocks per
+        multiprocessor times multiprocessors), or ``None`` when the device
+        cannot run cooperative launches.
     """
     device = cp.cuda.Device()
-    if device.id in _loop_cache:
-        return _loop_cache[device.id]
+    key = (device.id, bool(clip))
+    if key in _loop_cache:
+        return _loop_cache[key]
     attributes = device.attributes
     result = None
     if attributes.get("CooperativeLaunch", 0):
         from cupy_backends.cuda.api import driver
 
-        kernel = get_function("build_loop.cu", "kd_build_levels_grid", cooperative=True)
+        name = "kd_build_levels_grid_clip" if clip else "kd_build_levels_grid"
+        kernel = get_function("build_loop.cu", name, cooperative=True)
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
                                                                   enc.LOOP_BLOCK, 0)
         if per_sm > 0:
             result = (kernel, per_sm * attributes["MultiProcessorCount"])
-    _loop_cache[device.id] = result
+    _loop_cache[key] = result
     return result
 
 
@@ -140,7 +144,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     ``settings.loop_max_events`` events, returns that level to the caller
     (who runs it with one launch per stage).
 
-    With perfect splits (``cfg.clip``) the kernel clips the straddling
+    With perfect splits (``cfg.clip``, ``loop`` from
+    ``level_loop_kernel(cp, clip=True)``) the kernel clips the straddling
     references and merges their new events (``cuda/build_loop.cu``); a level
     with a child segment of more than ``settings.clip_segment`` new events
     goes back to the caller too (the per-stage path sorts them).
