@@ -160,22 +160,28 @@ def kernel_parameters(filename: str, name: str) -> tuple:
     import re
 
     text = (CUDA_DIR / filename).read_text()
-    # comments may hold parentheses and commas: drop them first
-    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S)
+    # comments may hold parentheses and commas: drop them first; then join a
+    # macro's continued lines
+    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S).replace("\\\n", " ")
     # the definition: the name, its parameters, the body's brace (template
     # instantiations end with ';', calls sit inside bodies with no brace after)
     match = re.search(r"\b" + re.escape(name) + r"\s*\(([^)]*)\)\s*\{", text)
     if match is None:
         raise ValueError(f"no definition of kernel {name!r} in {filename}")
+    # a macro of the file may stand for several parameters (kernels that share them)
+    macros = dict(re.findall(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+([^\n]*)", text, flags=re.M))
+    listed = []
+    for item in match.group(1).split(","):
+        listed += macros[item.strip()].split(",") if item.strip() in macros else [item]
     parameters = []
-    for parameter in match.group(1).split(","):
+    for parameter in listed:
         words = [w for w in parameter.replace("*", " * ").split()
                  if w not in ("const", "__restrict__")]
         pointer = "*" in words
         words = [w for w in words if w != "*"]
         if len(words) < 2:
             raise ValueError(f"kernel {name!r} in {filename}: parameter {parameter.strip()!r} "
-                             f"is not a declaration (a macro's list is not read)")
+                             f"is not a declaration")
         parameters.append((words[-1], " ".join(words[:-1]), pointer))
     return tuple(parameters)
 
