@@ -83,8 +83,9 @@ LOOP_DEFER_NEXT = 13  # small nodes deferred so far, all launches (the next reco
 LOOP_DEFER_LEVEL = 14  # small nodes deferred by the current level
 LOOP_NEED_DEFERRED = 15  # deferral records the stopped level needs, its own included
 # perfect splits (clip) in the loop: the most new events of one child segment
-# in the current level, the new events the stopped level needs, and whether it
-# must run with one launch per stage (a segment over LoopSettings.clip_segment)
+# of the current level where that is over LoopSettings.clip_segment (0: none
+# is), the new events the stopped level needs, and whether it must run with
+# one launch per stage (a segment over the limit)
 LOOP_CLIP_SEGMENT = 16
 LOOP_NEED_NEW_EVENTS = 17
 LOOP_NEED_STAGES = 18

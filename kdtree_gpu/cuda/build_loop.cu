@@ -83,9 +83,7 @@ struct KdLoadEventLR {
     int clip;
     __device__ long long operator()(long long i) const
     {
-        if (i == 0) return 0;
-        unsigned char cls = ref_class[event_ref[i - 1]];
-        return clip && cls == KD_CLASS_BOTH ? 0 : kd_pack_lr(cls);
+        return i == 0 ? 0 : kd_event_lr(ref_class[event_ref[i - 1]], clip);
     }
 };
 
@@ -98,25 +96,7 @@ struct KdLoadEventLR {
 // larger segment goes back to the per-stage path) and finds the kept events
 // before it by a binary search in its parent segment, whose events are in the
 // same order as the child's (a child keeps its references' order). Keys are
-// unique in a segment: (position, kind, reference in the parent level).
-__device__ __forceinline__ unsigned long long kd_loop_clip_key(float pos, int kind, long long ref)
-{
-    return ((unsigned long long)kd_ordered_bits32(pos) << KD_CLIP_POS_SHIFT) |
-           ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref;
-}
-
-// The box of node nd's child `side` after a split at p on axis (kd_emit_node's).
-__device__ __forceinline__ void kd_loop_child_box(const float* node_lo, const float* node_hi,
-                                                  int nd, int axis, float p, int side,
-                                                  float* lo, float* hi)
-{
-    for (int k = 0; k < 3; ++k) {
-        lo[k] = node_lo[3 * nd + k];
-        hi[k] = node_hi[3 * nd + k];
-    }
-    if (side) lo[axis] = p;
-    else hi[axis] = p;
-}
+// unique in a segment: kd_clip_key with the reference's index in the parent level.
 
 // Where the loop ended (encoding.LOOP_*): done, or stopped before `level`,
 // whose sizes are given and which lives in level buffer `buffer`.
@@ -288,8 +268,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 const int* f = faces + 3 * (long long)tri[r];
                 for (int side = 0; side < 2; ++side) {
                     float child_lo[3], child_hi[3];
-                    kd_loop_child_box(lo, hi, nd, s.best_axis[nd], s.best_pos[nd], side,
-                                      child_lo, child_hi);
+                    kd_child_box(lo, hi, nd, s.best_axis[nd], s.best_pos[nd], side, child_lo,
+                                 child_hi);
                     float* copy_lo = s.copy_lo + 3 * (2 * r + side);
                     float* copy_hi = s.copy_hi + 3 * (2 * r + side);
                     kd_clip_child_box(vertices + 3 * (long long)f[0],
@@ -402,11 +382,11 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                         unsigned long long* list = s.new_key + s.new_offset[c];
                         if (b0 == b1) {
                             list[atomicAdd(&s.new_cursor[c], 1)] =
-                                kd_loop_clip_key(b0, KD_EVENT_PLANAR, r);
+                                kd_clip_key(b0, KD_EVENT_PLANAR, r);
                         } else {
                             int at = atomicAdd(&s.new_cursor[c], 2);
-                            list[at] = kd_loop_clip_key(b1, KD_EVENT_END, r);
-                            list[at + 1] = kd_loop_clip_key(b0, KD_EVENT_START, r);
+                            list[at] = kd_clip_key(b1, KD_EVENT_END, r);
+                            list[at + 1] = kd_clip_key(b0, KD_EVENT_START, r);
                         }
                     }
                 }
@@ -424,13 +404,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 const int nd = node[r];
                 const int side = (int)(c & 1);
                 const long long ps = (c / (2 * num_split)) * n + nd;
-                long long first = seg_event_offset[ps], lo_e = first, hi_e = seg_event_offset[ps + 1];
-                while (lo_e < hi_e) {
-                    long long mid = lo_e + (hi_e - lo_e) / 2;
-                    if (kd_loop_clip_key(pos[mid], kind[mid], ref[mid]) < key) lo_e = mid + 1;
-                    else hi_e = mid;
-                }
-                const long long lr_p = s.event_scan[lo_e], lr_s = s.event_scan[first];
+                const long long first = seg_event_offset[ps];
+                const long long at = kd_lower_bound_if(first, seg_event_offset[ps + 1],
+                    [&](long long e) { return kd_clip_key(pos[e], kind[e], ref[e]) < key; });
+                const long long lr_p = s.event_scan[at], lr_s = s.event_scan[first];
                 const long long kept = side ? KD_HIGH(lr_p) - KD_HIGH(lr_s)
                                             : KD_LOW(lr_p) - KD_LOW(lr_s);
                 s.new_rank[b + rank] = (int)kept;

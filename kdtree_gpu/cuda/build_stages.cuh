@@ -272,6 +272,25 @@ __device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
     return (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
 }
 
+// An event's route flags from its reference's class: with perfect splits
+// (clip) a straddling reference's events go to no child (new ones are made).
+__device__ __forceinline__ long long kd_event_lr(unsigned char cls, int clip)
+{
+    return clip && cls == KD_CLASS_BOTH ? 0 : kd_pack_lr(cls);
+}
+
+// Stage make_child_nodes: the box of the child `side` of node i split at p on
+// axis (left: hi[axis] = p, right: lo[axis] = p).
+__device__ __forceinline__ void kd_child_box(const float* node_lo, const float* node_hi,
+                                             long long i, int axis, float p, int side,
+                                             float* lo, float* hi)
+{
+    for (int k = 0; k < 3; ++k) {
+        lo[k] = side && k == axis ? p : node_lo[3 * i + k];
+        hi[k] = !side && k == axis ? p : node_hi[3 * i + k];
+    }
+}
+
 // Stages classify_triangles and route_events' flags in one launch over
 // max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
 // event i, which classifies its own reference again rather than wait for it.
@@ -317,7 +336,7 @@ __device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long l
         unsigned char cls = kd_classify(a.clip ? ref : a.ref_tri[ref], a.ref_node[ref],
                                         a.best_axis, a.best_pos, a.best_side, a.node_split,
                                         a.tri_lo, a.tri_hi);
-        a.event_lr[i + 1] = a.clip && cls == KD_CLASS_BOTH ? 0 : kd_pack_lr(cls);
+        a.event_lr[i + 1] = kd_event_lr(cls, a.clip);
     }
 }
 
@@ -409,15 +428,10 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
         a.out_split[o] = p;
         a.out_child[o] = (int)(a.level_base + a.num_nodes + 2 * KD_LOW(s0));
         a.out_count[o] = 0;
-        // Stage make_child_nodes: left = hi[axis] = p, right = lo[axis] = p.
         long long c = 2 * KD_LOW(s0);
-        for (int k = 0; k < 3; ++k) {
-            float lo = a.node_lo[3 * i + k], hi = a.node_hi[3 * i + k];
-            a.child_lo[3 * c + k] = lo;
-            a.child_hi[3 * c + k] = k == axis ? p : hi;
-            a.child_lo[3 * (c + 1) + k] = k == axis ? p : lo;
-            a.child_hi[3 * (c + 1) + k] = hi;
-        }
+        for (int side = 0; side < 2; ++side)
+            kd_child_box(a.node_lo, a.node_hi, i, axis, p, side, a.child_lo + 3 * (c + side),
+                         a.child_hi + 3 * (c + side));
     } else {
         a.out_axis[o] = KD_AXIS_LEAF;
         a.out_split[o] = 0.0f;

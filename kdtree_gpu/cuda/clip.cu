@@ -108,9 +108,7 @@ __device__ __forceinline__ unsigned long long kd_clip_local_key(float pos, int k
                                                                 int seg, long long num_children,
                                                                 const long long* child_ref_offset)
 {
-    long long ref_local = ref - child_ref_offset[seg % num_children];
-    return ((unsigned long long)kd_ordered_bits32(pos) << KD_CLIP_POS_SHIFT) |
-           ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref_local;
+    return kd_clip_key(pos, kind, ref - child_ref_offset[seg % num_children]);
 }
 
 // 3 * num_copies threads, one per (axis, copy): the sort keys of its two

@@ -8,6 +8,15 @@
 
 #include "build_stages.cuh"
 
+// An event's order within its segment: position, kind, then its reference
+// (any index that keeps the segment's references in order: the index within
+// the node on the per-stage path, within the level in the level loop).
+__device__ __forceinline__ unsigned long long kd_clip_key(float pos, int kind, long long ref)
+{
+    return ((unsigned long long)kd_ordered_bits32(pos) << KD_CLIP_POS_SHIFT) |
+           ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref;
+}
+
 // Event e's bound of its reference's box in its node (R2): the lower bound
 // from a START or PLANAR event, the upper bound from an END or PLANAR one.
 __device__ __forceinline__ void kd_reference_box_event(const float* event_pos,

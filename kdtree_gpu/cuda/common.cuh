@@ -27,16 +27,23 @@ __device__ __forceinline__ unsigned int kd_ordered_bits32(float x)
 // The first index in [lo, hi) whose value is not below key (hi if none), in
 // values ascending there: the binary search of every lower bound on the device
 // (kdtree_gpu.primitives.lower_bound and segmented_lower_bound).
+// below(i) says whether item i is below the key (false from some index on).
+template <typename Below>
+__device__ __forceinline__ long long kd_lower_bound_if(long long lo, long long hi, Below below)
+{
+    while (lo < hi) {
+        long long mid = lo + (hi - lo) / 2;
+        if (below(mid)) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo;
+}
+
 template <typename T>
 __device__ __forceinline__ long long kd_lower_bound(const T* values, long long lo, long long hi,
                                                     T key)
 {
-    while (lo < hi) {
-        long long mid = lo + (hi - lo) / 2;
-        if (values[mid] < key) lo = mid + 1;
-        else hi = mid;
-    }
-    return lo;
+    return kd_lower_bound_if(lo, hi, [&](long long i) { return values[i] < key; });
 }
 
 // Inverse of kd_ordered_bits32 (kdtree_gpu.primitives.ordered_uint_to_float).
