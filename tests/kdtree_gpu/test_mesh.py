@@ -50,6 +50,20 @@ def test_scene_with_several_geometries_is_concatenated(tmp_path):
     assert F2.shape[0] == 12 + 80
 
 
+def test_a_single_geometry_keeps_its_scene_transform(tmp_path):
+    # a glTF node's transform applies to its one mesh, as it does to several
+    box = trimesh.creation.box()
+    shift = trimesh.transformations.translation_matrix([5.0, -2.0, 1.0])
+    scene = trimesh.Scene()
+    scene.add_geometry(box, transform=shift)
+    path = tmp_path / "moved.glb"
+    scene.export(path)
+    V, F = load_mesh(path)
+    assert F.shape == (12, 3)
+    np.testing.assert_allclose(V.min(axis=0), box.vertices.min(axis=0) + [5.0, -2.0, 1.0])
+    np.testing.assert_allclose(V.max(axis=0), box.vertices.max(axis=0) + [5.0, -2.0, 1.0])
+
+
 def test_bare_name_lookup(box_mesh, tmp_path, monkeypatch):
     V, F = box_mesh
     trimesh.Trimesh(V, F, process=False).export(tmp_path / "mybox.ply")

@@ -1,7 +1,8 @@
 """``kd.build_many`` (kdtree_gpu.batch): in this process, and on a local Dask cluster.
 
-The in-process tests need no Dask; the cluster test starts two worker
-processes (a real ``SpecCluster`` of nannies) and skips without Dask.
+The in-process tests need no Dask; the cluster tests start worker processes
+(a real ``SpecCluster`` of nannies) and skip without Dask. The GPU-worker test
+(marked ``gpu``) runs one worker per GPU, two where two GPUs are visible.
 """
 
 from __future__ import annotations
@@ -251,3 +252,48 @@ def test_a_worker_killed_during_the_batch_is_retried_elsewhere(meshes, tmp_path,
     assert [r.retries for r in report if r is not victim] == [0] * 4
     assert_same_trees(tmp_path / "here", tmp_path / "there", [p.stem + ".kdt" for p in meshes])
     assert not list((tmp_path / "there").glob(".*"))  # no partial files
+
+
+# --- GPU workers: one process per GPU, trees equal to this process's ---------------------
+
+@pytest.fixture
+def gpu_meshes(tmp_path):
+    """Six meshes of 50 to 20,000 triangles, largest last (the batch starts the largest first)."""
+    folder = tmp_path / "meshes"
+    folder.mkdir()
+    return [write_mesh(folder / f"grid{n}.ply", *bumpy_grid(n, seed=n))
+            for n in (6, 12, 25, 40, 70, 101)]
+
+
+def _worker_view():
+    import cupy
+
+    return os.environ.get("CUDA_VISIBLE_DEVICES"), cupy.cuda.runtime.getDeviceCount()
+
+
+@pytest.mark.gpu
+def test_gpu_workers_build_what_this_process_builds(gpu_meshes, tmp_path):
+    pytest.importorskip("distributed")
+    gpus = batch.visible_gpus()
+    workers = min(2, len(gpus))
+    names = [p.stem + ".kdt" for p in gpu_meshes]
+    here = kd.build_many(gpu_meshes, tmp_path / "here", device="cuda")
+    assert here.ok and {r.device for r in here} == {"cuda:0"}
+    on_cpu = kd.build_many(gpu_meshes, tmp_path / "cpu", device="cpu")
+    assert on_cpu.ok
+    assert_same_trees(tmp_path / "cpu", tmp_path / "here", names)
+
+    with batch.local_client(workers, device="cuda", dashboard=False) as client:
+        views = sorted(client.run(_worker_view).values())
+        # each worker sees exactly one GPU, a different one each
+        assert views == sorted((g, 1) for g in gpus[:workers])
+        assert "GPU" in client.cluster.kdtree_gpu_layout
+        report = kd.build_many(gpu_meshes, tmp_path / "there", device="cuda", client=client)
+    assert report.ok, [r.error for r in report.failed]
+    assert all(r.status == "built" and r.worker.startswith("tcp://") for r in report)
+    # every record names the GPU it ran on; with two workers both GPUs took meshes
+    # (each takes one task at a time, and there are more meshes than workers)
+    assert all(r.device == "cuda:0" and "CUDA_VISIBLE_DEVICES=" in r.gpu for r in report)
+    used = {r.gpu.rsplit("=", 1)[1].rstrip(")") for r in report}
+    assert used == set(gpus[:workers])
+    assert_same_trees(tmp_path / "here", tmp_path / "there", names)
