@@ -167,13 +167,16 @@ def warm_up(device):
 
 def run_batch(paths, out: Path, workers: int, gpus, device: str, stats: bool) -> dict:
     """One timed ``build_many`` on a fresh local cluster of ``workers`` workers."""
+    from distributed import get_task_stream
+
     shutil.rmtree(out, ignore_errors=True)
     with batch.local_client(workers, device=device, gpus=gpus, dashboard=False) as client:
         warmed = client.run(warm_up, device)
-        start = time.perf_counter()
-        report = kd.build_many(paths, out, client=client, device=device, force=True,
-                               stats=stats)
-        seconds = time.perf_counter() - start
+        with get_task_stream(client) as stream:
+            start = time.perf_counter()
+            report = kd.build_many(paths, out, client=client, device=device, force=True,
+                                   stats=stats)
+            seconds = time.perf_counter() - start
         layout = client.cluster.kdtree_gpu_layout
     built = report.built
     triangles = sum(r.triangles or 0 for r in built)
@@ -188,11 +191,27 @@ def run_batch(paths, out: Path, workers: int, gpus, device: str, stats: bool) ->
         "meshes_per_gpu": per_gpu,
         "build_seconds_median": statistics.median(r.seconds for r in built) if built else None,
         "retries": sum(r.retries or 0 for r in report),
+        "workers_busy": worker_busy(stream.data, seconds),
         "records": [{"mesh": Path(r.input).name, "triangles": r.triangles,
                      "build_ms": None if r.seconds is None else 1e3 * r.seconds,
                      "worker": r.worker, "gpu": r.gpu, "device": r.device}
                     for r in report],
     }
+
+
+def worker_busy(stream, seconds) -> dict:
+    """Per worker, from Dask's task stream: tasks, seconds computing, and the share of the
+    batch's wall time spent computing (what is left is waiting for the scheduler or idle)."""
+    busy = {}
+    for task in stream:
+        for part in task.get("startstops", ()):
+            if part.get("action") == "compute":
+                entry = busy.setdefault(task["worker"], {"tasks": 0, "compute_s": 0.0})
+                entry["tasks"] += 1
+                entry["compute_s"] += part["stop"] - part["start"]
+    for entry in busy.values():
+        entry["busy"] = entry["compute_s"] / seconds
+    return busy
 
 
 def same_tree(path_a: Path, path_b: Path):
@@ -236,17 +255,25 @@ def markdown(result) -> str:
              "(load, sha256, build, save" + (", tree statistics" if result["stats"] else "")
              + "); workers warmed up first.",
              "",
-             "| workers | layout | seconds | meshes/s | Mtriangles/s | meshes per worker | "
-             "failed | retries |",
-             "|---:|---|---:|---:|---:|---|---:|---:|"]
+             "| round | workers | layout | seconds | meshes/s | Mtriangles/s | "
+             "meshes per worker | workers busy | failed | retries |",
+             "|---:|---:|---|---:|---:|---:|---|---|---:|---:|"]
     for run in result["runs"]:
         per = ", ".join(f"{k}: {v}" for k, v in sorted(run["meshes_per_gpu"].items()))
-        lines.append(f"| {run['workers']} | {run['layout']} | {run['seconds']:.2f} | "
+        busy = ", ".join(f"{100 * b['busy']:.0f}%" for b in run["workers_busy"].values())
+        lines.append(f"| {run.get('round', 1)} | {run['workers']} | {run['layout']} | "
+                     f"{run['seconds']:.2f} | "
                      f"{run['meshes_per_s']:.2f} | {run['triangles_per_s'] / 1e6:.2f} | {per} | "
-                     f"{len(run['failed'])} | {run['retries']} |")
+                     f"{busy} | {len(run['failed'])} | {run['retries']} |")
+    counts = sorted(result["median_meshes_per_s"], key=int)
+    rounds = max(run.get("round", 1) for run in result["runs"])
     lines += ["",
-              f"Scaling, {result['runs'][-1]['workers']} workers over 1: "
-              f"**{result['scaling']:.2f}x** meshes/s (goal {SCALING_GOAL}x).",
+              f"Scaling, {counts[-1]} workers over {counts[0]}: "
+              f"**{result['scaling']:.2f}x** meshes/s"
+              + (f" (medians of {rounds} rounds in alternating order)" if rounds > 1 else "")
+              + f" (goal {SCALING_GOAL}x). Workers busy: the share of the batch's wall time each "
+              "worker spent in its tasks (Dask's task stream); the rest is scheduling, waiting "
+              "and the last task's tail.",
               ""]
     for check in result["comparisons"]:
         lines.append(f"Trees of {check['workers']} workers equal to the 1-worker build: "
@@ -268,6 +295,9 @@ def main(argv=None) -> int:
     parser.add_argument("--seed", type=int, default=2024)
     parser.add_argument("--gpus", type=int, nargs="+", default=[1, 2],
                         help="worker counts to run, one GPU each (default: 1 2)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="runs of each worker count, in alternating order; meshes/s is "
+                             "the median over rounds (default 1)")
     parser.add_argument("--device", default="cuda", help="cuda (default) or cpu")
     parser.add_argument("--quick", action="store_true",
                         help="a small collection (12 meshes of 1k to 20k triangles)")
@@ -308,24 +338,32 @@ def main(argv=None) -> int:
                              "triangles_median": int(statistics.median(triangles)),
                              "triangles_total": sum(triangles), "files": meshes},
               "stats": args.stats, "runs": [], "comparisons": []}
-    for workers in sorted(set(args.gpus)):
-        gpus = gpu_ids[:workers] if gpu_ids else None
-        print(f"# {workers} worker(s) {gpus or ''}", file=sys.stderr, flush=True)
-        run = run_batch(paths, args.work / f"trees_{workers}", workers, gpus, args.device,
-                        args.stats)
-        print(f"#   {run['seconds']:.2f} s, {run['meshes_per_s']:.2f} meshes/s, "
-              f"per worker {run['meshes_per_gpu']}", file=sys.stderr, flush=True)
-        result["runs"].append(run)
-    first = result["runs"][0]
-    result["scaling"] = result["runs"][-1]["meshes_per_s"] / first["meshes_per_s"]
+    counts = sorted(set(args.gpus))
+    for round_ in range(args.rounds):
+        # rounds alternate the order, so that neither worker count always runs first
+        for workers in (counts if round_ % 2 == 0 else counts[::-1]):
+            gpus = gpu_ids[:workers] if gpu_ids else None
+            print(f"# round {round_ + 1}: {workers} worker(s) {gpus or ''}", file=sys.stderr,
+                  flush=True)
+            run = run_batch(paths, args.work / f"trees_{workers}", workers, gpus, args.device,
+                            args.stats)
+            run["round"] = round_ + 1
+            print(f"#   {run['seconds']:.2f} s, {run['meshes_per_s']:.2f} meshes/s, "
+                  f"per worker {run['meshes_per_gpu']}", file=sys.stderr, flush=True)
+            result["runs"].append(run)
+    rate = {w: statistics.median(r["meshes_per_s"] for r in result["runs"] if r["workers"] == w)
+            for w in counts}
+    result["median_meshes_per_s"] = rate
+    result["scaling"] = rate[counts[-1]] / rate[counts[0]]
+    first = {"workers": counts[0]}
     names = sorted(p.stem + ".kdt" for p in paths)
-    for run in result["runs"][1:]:
+    for workers in counts[1:]:  # the last round's trees of each worker count
         check = compare_runs(args.work / f"trees_{first['workers']}",
-                             args.work / f"trees_{run['workers']}", names, processes)
-        result["comparisons"].append({"workers": run["workers"], **check})
+                             args.work / f"trees_{workers}", names, processes)
+        result["comparisons"].append({"workers": workers, **check})
     if not args.keep_trees:
-        for run in result["runs"]:
-            shutil.rmtree(args.work / f"trees_{run['workers']}", ignore_errors=True)
+        for workers in counts:
+            shutil.rmtree(args.work / f"trees_{workers}", ignore_errors=True)
 
     stem = f"batch_{gpu_slug(label) if args.device != 'cpu' else 'cpu'}"
     args.out.mkdir(parents=True, exist_ok=True)
