@@ -169,8 +169,7 @@ def test_check_tree_names_broken_invariant(change, message):
 
 
 def test_check_tree_on_large_tree(rng, make_median_tree):
-    # a tree with about 2**13 leaves over random small triangles: the
-    # vectorised walk must handle it
+    # a tree with about 2**13 leaves over random small triangles, checked whole
     n = 1 << 13
     centre = rng.random((n, 3)).astype(np.float32)
     V = np.repeat(centre, 3, axis=0) + rng.random((3 * n, 3)).astype(np.float32) * 1e-3
@@ -218,3 +217,60 @@ def test_sah_cost_does_not_depend_on_node_order(rng, make_median_tree):
         assert not np.array_equal(shuffled.node_child, tree.node_child)
         # exactly equal, not approximately: the sum is exact before rounding
         assert tree_stats(shuffled)["sah_cost"] == cost
+
+
+def numpy_walk(tree):
+    """Oracle of walk_levels: the level-by-level walk in vectorised NumPy."""
+    n = tree.num_nodes
+    depth = np.full(n, -1, np.int32)
+    lo, hi = np.zeros((n, 3), np.float32), np.zeros((n, 3), np.float32)
+    lo[0], hi[0] = tree.bounds
+    level, d = np.zeros(1, np.int64), 0
+    while level.size:
+        depth[level] = d
+        parents = level[tree.node_axis[level] != L]
+        axis = tree.node_axis[parents].astype(np.int64)
+        left = tree.node_child[parents].astype(np.int64)
+        rows = np.arange(parents.size)
+        lo[left], hi[left] = lo[parents], hi[parents]
+        lo[left + 1], hi[left + 1] = lo[parents], hi[parents]
+        hi[left, axis] = lo[left + 1, axis] = tree.node_split[parents][rows]
+        level, d = np.concatenate([left, left + 1]), d + 1
+    return depth, lo, hi
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_walk_levels_matches_the_numpy_walk(rng, make_median_tree, shuffle):
+    from kdtree_gpu.tree.check import walk_levels
+
+    n = 3000
+    centre = rng.random((n, 3))
+    V = (np.repeat(centre, 3, axis=0) + rng.random((3 * n, 3)) * 0.01).astype(np.float32)
+    F = np.arange(3 * n, dtype=np.int32).reshape(n, 3)
+    tree = make_median_tree(V, F, leaf_size=2)
+    if shuffle:
+        tree = shuffle_sibling_pairs(tree, rng)
+    depth, lo, hi = walk_levels(tree, check=True)
+    want_depth, want_lo, want_hi = numpy_walk(tree)
+    assert depth.dtype == np.int32 and (depth >= 0).all() and depth.max() > 8
+    np.testing.assert_array_equal(depth, want_depth)
+    np.testing.assert_array_equal(lo, want_lo)
+    np.testing.assert_array_equal(hi, want_hi)
+
+
+@pytest.mark.parametrize("change, message", [
+    (set_item("node_child", 0, 4), "children in range: interior node 0"),
+    (set_item("node_child", 1, -7), "children in range: interior node 1"),
+    (set_item("node_axis", 1, -2), "node 1 has axis -2"),
+    (set_item("node_axis", 1, 5), "node 1 has axis 5"),
+    (set_item("node_child", 1, 1), "form a cycle"),
+])
+def test_walk_levels_refuses_links_it_cannot_follow(change, message):
+    # tree_stats walks without check_tree's earlier checks: it must raise,
+    # never read or write outside the node arrays
+    from kdtree_gpu.tree.check import walk_levels
+
+    with pytest.raises(ValueError, match=message):
+        walk_levels(broken(change))
+    with pytest.raises(ValueError, match=message):
+        tree_stats(broken(change))
