@@ -31,6 +31,13 @@ _warm: set = set()  # names of the warm-ups done in this process
 _announced: set = set()  # their messages printed
 
 
+class _Running(threading.local):
+    depth = 0  # warm-ups running in this thread
+
+
+_running = _Running()
+
+
 class WarmUp(NamedTuple):
     """What :func:`compile_once` did.
 
@@ -75,7 +82,8 @@ def compile_once(work, name: str, package: str, message: str) -> WarmUp:
     path; :func:`kdtree_gpu.trace.api.warm_up_cpu` the ray queries').
     ``message`` is printed before numba starts compiling code of the
     top-level package ``package``, if it has to (at most once per process);
-    later calls return at once.
+    later calls return at once. A warm-up called from inside another one
+    prints nothing of its own: the outer message already covers its compiles.
 
     Returns
     -------
@@ -86,8 +94,17 @@ def compile_once(work, name: str, package: str, message: str) -> WarmUp:
     with _lock:
         if name in _warm:
             return WarmUp(time.perf_counter() - start, False)
-        listener = _CompileListener(package, message)
-        with event.install_listener("numba:compile", listener):
+        if _running.depth:
+            # a warm-up inside another one: the outer one's message covers its compiles
             work()
+            _warm.add(name)
+            return WarmUp(time.perf_counter() - start, False)
+        listener = _CompileListener(package, message)
+        _running.depth += 1
+        try:
+            with event.install_listener("numba:compile", listener):
+                work()
+        finally:
+            _running.depth -= 1
         _warm.add(name)
     return WarmUp(time.perf_counter() - start, listener.compiled)

@@ -249,6 +249,7 @@ def _trace_small():
     # The traversal gets the layout of a tree that is one leaf holding every
     # triangle: the kernels' types are those of any tree, and no builder runs.
     from .. import encoding as enc
+    from ..tree.check import warm_up_walk
     from .brute import brute_cpu
     from .cpu import run_layout
     from .layout import CpuLayout
@@ -268,6 +269,7 @@ def _trace_small():
     O, D, t0, t1 = check_rays(O, D)
     for any_hit in (False, True):
         brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)
+    warm_up_walk()  # the first query walks the tree for its depth
 
 
 def _run_cpu(tree, origins, directions, tmin, tmax, any_hit, check):

@@ -68,6 +68,46 @@ def _walk_levels(node_axis, node_split, node_child, root_lo, root_hi, check, lea
     return _WALK_OK, -1
 
 
+WALK_COMPILE_MESSAGE = "kdtree-gpu: compiling the tree walk, once per machine (a few seconds)..."
+
+
+def _walk(tree, check):
+    num_nodes = tree.num_nodes
+    node_depth = np.full(num_nodes, -1, dtype=np.int32)
+    node_lo = np.empty((num_nodes, 3), dtype=np.float32)
+    node_hi = np.empty((num_nodes, 3), dtype=np.float32)
+    bounds = np.ascontiguousarray(tree.bounds, dtype=np.float32)
+    what, node = _walk_levels(np.asarray(tree.node_axis), np.asarray(tree.node_split),
+                              np.asarray(tree.node_child), bounds[0], bounds[1], bool(check),
+                              enc.AXIS_LEAF, node_depth, node_lo, node_hi)
+    return what, node, node_depth, node_lo, node_hi
+
+
+def _walk_small():
+    # a three-node tree with a real tree's argument types, checked and not
+    from types import SimpleNamespace
+
+    tree = SimpleNamespace(
+        num_nodes=3, node_axis=np.array([0, enc.AXIS_LEAF, enc.AXIS_LEAF], enc.NODE_AXIS_DTYPE),
+        node_split=np.array([0.5, 0, 0], enc.NODE_SPLIT_DTYPE),
+        node_child=np.array([1, 0, 0], enc.NODE_CHILD_DTYPE),
+        bounds=np.array([[0, 0, 0], [1, 1, 1]], np.float32))
+    for check in (False, True):
+        _walk(tree, check)
+
+
+def warm_up_walk():
+    """Compile (or load) the tree walk once per process, saying so if numba compiles.
+
+    Called by :func:`walk_levels`, and inside the CPU ray queries' warm-up
+    (whose message then covers it).
+    """
+    from ..warmup import compile_once
+
+    return compile_once(_walk_small, name="tree walk", package=__name__.split(".")[0],
+                        message=WALK_COMPILE_MESSAGE)
+
+
 def walk_levels(tree, check=False):
     """Visit the tree from the root down: every node's depth and box.
 
@@ -102,14 +142,9 @@ def walk_levels(tree, check=False):
     GPU). With ``check``, the bad split reported is the first in depth-first
     order.
     """
+    warm_up_walk()
+    what, node, node_depth, node_lo, node_hi = _walk(tree, check)
     num_nodes = tree.num_nodes
-    node_depth = np.full(num_nodes, -1, dtype=np.int32)
-    node_lo = np.empty((num_nodes, 3), dtype=np.float32)
-    node_hi = np.empty((num_nodes, 3), dtype=np.float32)
-    bounds = np.asarray(tree.bounds, dtype=np.float32)
-    what, node = _walk_levels(np.asarray(tree.node_axis), np.asarray(tree.node_split),
-                              np.asarray(tree.node_child), bounds[0], bounds[1], bool(check),
-                              enc.AXIS_LEAF, node_depth, node_lo, node_hi)
     if what == _WALK_AXIS:
         raise ValueError(f"check_tree: array shapes and dtypes: node {node} has axis "
                          f"{int(tree.node_axis[node])}, not 0..3")

@@ -274,3 +274,30 @@ def test_walk_levels_refuses_links_it_cannot_follow(change, message):
         walk_levels(broken(change))
     with pytest.raises(ValueError, match=message):
         tree_stats(broken(change))
+
+
+STATS_SCRIPT = """
+import sys
+sys.path.insert(0, "tests/kdtree_gpu/tree")
+from test_check import make_small_tree
+tree = make_small_tree()
+print(tree.stats()["nodes"], tree.stats()["max_depth"])
+"""
+
+
+def test_the_walk_announces_its_first_compile_once(tmp_path):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from kdtree_gpu.tree.check import WALK_COMPILE_MESSAGE
+
+    repo = Path(__file__).resolve().parents[3]
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    runs = [subprocess.run([sys.executable, "-c", STATS_SCRIPT], cwd=repo, env=env,
+                           capture_output=True, text=True, timeout=300) for _ in range(2)]
+    assert [r.returncode for r in runs] == [0, 0], runs[0].stderr + runs[1].stderr
+    assert [r.stdout.split() for r in runs] == [["5", "2"]] * 2
+    assert runs[0].stderr.splitlines() == [WALK_COMPILE_MESSAGE]  # compiled, said once
+    assert runs[1].stderr == ""  # loaded from numba's cache
