@@ -1,5 +1,6 @@
 """Tests of kdtree_gpu.tree.io: tree files."""
 
+import contextlib
 import os
 import stat
 
@@ -125,15 +126,24 @@ def test_failed_write_leaves_no_temp_file_and_old_file_intact(tree, tmp_path, mo
     path = tmp_path / "tree.kdt"
     save_tree(tree, path)
     before = path.read_bytes()
-    calls = []
+    real_atomic_write = tree_io.atomic_write
 
-    def failing_write(f, hasher, data):
-        calls.append(len(data))
-        if len(calls) == 4:
-            raise OSError("disk full")
-        f.write(data)
+    class DiskFullAtFourthWrite:
+        def __init__(self, f):
+            self.f, self.calls = f, 0
 
-    monkeypatch.setattr(tree_io, "_write_all", failing_write)
+        def write(self, data):
+            self.calls += 1
+            if self.calls == 4:
+                raise OSError("disk full")
+            return self.f.write(data)
+
+    @contextlib.contextmanager
+    def failing_atomic_write(target):
+        with real_atomic_write(target) as f:
+            yield DiskFullAtFourthWrite(f)
+
+    monkeypatch.setattr(tree_io, "atomic_write", failing_atomic_write)
     with pytest.raises(OSError, match="disk full"):
         save_tree(tree, path)
     assert path.read_bytes() == before
