@@ -84,7 +84,7 @@ def _walk(tree, check):
 
 
 def _walk_small():
-    # a three-node tree with a real tree's argument types, checked and not
+    # a three-node tree with a real tree's argument types, checked and not, and its cost
     from types import SimpleNamespace
 
     tree = SimpleNamespace(
@@ -93,7 +93,9 @@ def _walk_small():
         node_child=np.array([1, 0, 0], enc.NODE_CHILD_DTYPE),
         bounds=np.array([[0, 0, 0], [1, 1, 1]], np.float32))
     for check in (False, True):
-        _walk(tree, check)
+        _, _, _, node_lo, node_hi = _walk(tree, check)
+    _sah_terms_kernel(tree.node_axis, np.zeros(3, enc.NODE_COUNT_DTYPE), node_lo, node_hi, 1.0,
+                      1.0, enc.AXIS_LEAF, np.zeros(_EXACT_LIMBS, np.int64))
 
 
 def warm_up_walk():
@@ -164,6 +166,104 @@ def walk_levels(tree, check=False):
     return node_depth, node_lo, node_hi
 
 
+# --- the SAH cost summed exactly ---------------------------------------------------------
+# A double is m * 2**e with an integer m < 2**53 and e >= -1074; the sum of
+# non-negative doubles is kept exactly as 32-bit limbs of weight 2**(32 i - 1074)
+# in int64 slots (each addition puts less than 2**32 in a slot; carries move up
+# every _CARRY_EVERY terms), then rounded once in Python. The result is the
+# correctly rounded sum, as math.fsum's, so it does not depend on the order.
+_EXACT_LIMBS = 72  # 2**(32 * 72 - 1074) is above any finite double's sum of 2**31 terms
+_CARRY_EVERY = 1 << 28
+_half_area = numba.njit(inline="always")(box_half_area)
+
+
+@numba.njit(inline="always")
+def _add_exact(limbs, value):
+    # value: a finite double >= 0
+    if value == 0.0:
+        return
+    e = max(math.frexp(value)[1] - 53, -1074)
+    m = np.int64(math.ldexp(value, -e))  # exact: value is a multiple of 2**e
+    position = e + 1074
+    k, r = position >> 5, position & 31
+    low = (m & 0xFFFFFFFF) << r  # < 2**63
+    high = (m >> 32) << r  # < 2**52
+    limbs[k] += low & 0xFFFFFFFF
+    limbs[k + 1] += (low >> 32) + (high & 0xFFFFFFFF)
+    limbs[k + 2] += high >> 32
+
+
+@numba.njit(inline="always")
+def _carry(limbs):
+    for i in range(limbs.shape[0] - 1):
+        limbs[i + 1] += limbs[i] >> 32
+        limbs[i] &= 0xFFFFFFFF
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _exact_sum_kernel(values, limbs):
+    for i in range(values.shape[0]):
+        v = values[i]
+        if not (v >= 0.0 and v < np.inf):
+            return False
+        _add_exact(limbs, v)
+        if (i + 1) % _CARRY_EVERY == 0:
+            _carry(limbs)
+    _carry(limbs)
+    return True
+
+
+@numba.njit(cache=True, error_model="numpy")
+def _sah_terms_kernel(node_axis, node_count, node_lo, node_hi, k_traversal, k_intersect,
+                      leaf_axis, limbs):
+    # every node's SAH term, as tree_stats defines it (float64 half areas of the
+    # float32 boxes, config.box_half_area), summed exactly; returns the root's
+    # half area, or -1.0 when a term is negative or not finite
+    root_area = 0.0
+    for i in range(node_axis.shape[0]):
+        area = _half_area(np.float64(node_hi[i, 0]) - np.float64(node_lo[i, 0]),
+                          np.float64(node_hi[i, 1]) - np.float64(node_lo[i, 1]),
+                          np.float64(node_hi[i, 2]) - np.float64(node_lo[i, 2]))
+        if i == 0:
+            root_area = area
+        if node_axis[i] == leaf_axis:
+            term = k_intersect * np.float64(node_count[i]) * area
+        else:
+            term = k_traversal * area
+        if not (term >= 0.0 and term < np.inf):
+            return -1.0
+        _add_exact(limbs, term)
+        if (i + 1) % _CARRY_EVERY == 0:
+            _carry(limbs)
+    _carry(limbs)
+    return root_area
+
+
+def _limbs_value(limbs) -> float:
+    """The correctly rounded double of the exact sum held in ``limbs`` (Python's int
+    true division rounds correctly)."""
+    total = 0
+    for i in range(len(limbs) - 1, -1, -1):
+        total = (total << 32) + int(limbs[i])
+    return total / (1 << 1074)
+
+
+def exact_sum(values) -> float:
+    """The correctly rounded sum of finite float64 values >= 0 (what ``math.fsum`` gives),
+    in compiled code: the accumulator of :func:`tree_stats`'s SAH cost.
+
+    Raises
+    ------
+    ValueError
+        A value is negative or not finite.
+    """
+    values = np.ascontiguousarray(values, dtype=np.float64)
+    limbs = np.zeros(_EXACT_LIMBS, np.int64)
+    if not _exact_sum_kernel(values, limbs):
+        raise ValueError("exact_sum: the values must be finite and >= 0")
+    return _limbs_value(limbs)
+
+
 def tree_stats(tree) -> dict:
     """Size, shape and SAH cost of a tree.
 
@@ -193,17 +293,16 @@ def tree_stats(tree) -> dict:
     num_leaves = int(is_leaf.sum())
     nonempty = leaf_count > 0
 
-    ext = node_hi.astype(np.float64) - node_lo.astype(np.float64)
-    node_area = box_half_area(ext[:, 0], ext[:, 1], ext[:, 2])
-    root_area = node_area[0]
     cfg = tree.config
-    # math.fsum rounds the exact sum once, so the cost does not depend on the
-    # node order (a NumPy sum would differ in the last bits between two
-    # orders of the same tree)
-    node_cost = np.where(is_leaf, cfg.k_intersect * tree.node_count * node_area,
-                         cfg.k_traversal * node_area)
-    total_cost = math.fsum(node_cost.tolist())
-    sah_cost = total_cost / float(root_area) if root_area > 0 else float("nan")
+    # the exact sum rounded once, so the cost does not depend on the node
+    # order (a NumPy sum would differ in the last bits between two orders of
+    # the same tree)
+    limbs = np.zeros(_EXACT_LIMBS, np.int64)
+    root_area = _sah_terms_kernel(np.asarray(tree.node_axis), np.asarray(tree.node_count),
+                                  node_lo, node_hi, float(cfg.k_traversal),
+                                  float(cfg.k_intersect), enc.AXIS_LEAF, limbs)
+    # NaN for a tree no builder makes (a box turned inside out, a negative count)
+    sah_cost = _limbs_value(limbs) / root_area if root_area > 0 else float("nan")
 
     num_valid = tree.num_triangles - tree.num_degenerate
     tree_arrays = (tree.node_axis, tree.node_split, tree.node_child, tree.node_count,

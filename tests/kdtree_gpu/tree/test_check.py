@@ -301,3 +301,46 @@ def test_the_walk_announces_its_first_compile_once(tmp_path):
     assert [r.stdout.split() for r in runs] == [["5", "2"]] * 2
     assert runs[0].stderr.splitlines() == [WALK_COMPILE_MESSAGE]  # compiled, said once
     assert runs[1].stderr == ""  # loaded from numba's cache
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_exact_sum_is_the_correctly_rounded_sum(seed):
+    import math
+
+    from kdtree_gpu.tree.check import exact_sum
+
+    rng = np.random.default_rng(seed)
+    n = 20_000
+    # magnitudes over the whole double range, subnormals, zeros, and repeats
+    # of one value whose sum lands on rounding ties
+    values = np.ldexp(rng.random(n), rng.integers(-1074, 1000, n))
+    values[rng.random(n) < 0.05] = 0.0
+    values[:50] = 5e-324 * rng.integers(1, 1 << 20, 50)
+    tie = np.full(3, 1.0 + 2.0 ** -52)
+    for v in (values, values[rng.permutation(n)], values[values < 1e-300], tie,
+              np.full(1000, 0.1), np.zeros(3), np.array([1e308, 1e308 / 3])):
+        assert exact_sum(v) == math.fsum(v.tolist())
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        exact_sum(np.array([1.0, -1.0]))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        exact_sum(np.array([1.0, np.nan]))
+
+
+def test_sah_cost_is_the_fsum_of_the_node_terms(rng, make_median_tree):
+    import math
+
+    from kdtree_gpu.config import box_half_area
+
+    n = 2000
+    centre = rng.random((n, 3))
+    size = np.exp(rng.uniform(-9.0, -1.0, (n, 1)))
+    V = (np.repeat(centre, 3, axis=0)
+         + rng.random((3 * n, 3)) * np.repeat(size, 3, axis=0)).astype(np.float32)
+    tree = make_median_tree(V, np.arange(3 * n, dtype=np.int32).reshape(n, 3), leaf_size=3)
+    _, lo, hi = numpy_walk(tree)
+    ext = hi.astype(np.float64) - lo.astype(np.float64)
+    area = box_half_area(ext[:, 0], ext[:, 1], ext[:, 2])
+    cfg = tree.config
+    terms = np.where(tree.leaf_mask(), cfg.k_intersect * tree.node_count * area,
+                     cfg.k_traversal * area)
+    assert tree_stats(tree)["sah_cost"] == math.fsum(terms.tolist()) / area[0]
