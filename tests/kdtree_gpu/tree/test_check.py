@@ -198,17 +198,20 @@ def shuffle_sibling_pairs(tree, rng):
     return shuffled
 
 
-def test_sah_cost_does_not_depend_on_node_order(rng, make_median_tree):
-    # triangle sizes over four orders of magnitude give node costs of many
-    # magnitudes; with this seed a plain NumPy sum of them differs in the last
-    # bits for most of the shuffles below
-    n = 1000
+def tree_of_many_sizes(rng, make_median_tree, n):
+    """A tree over ``n`` triangles whose sizes span four orders of magnitude: node
+    costs of many magnitudes, whose plain NumPy sum depends on the node order."""
     centre = rng.random((n, 3))
     size = np.exp(rng.uniform(-9.0, -1.0, (n, 1)))
     V = (np.repeat(centre, 3, axis=0)
          + rng.random((3 * n, 3)) * np.repeat(size, 3, axis=0)).astype(np.float32)
-    F = np.arange(3 * n, dtype=np.int32).reshape(n, 3)
-    tree = make_median_tree(V, F, leaf_size=3)
+    return make_median_tree(V, np.arange(3 * n, dtype=np.int32).reshape(n, 3), leaf_size=3)
+
+
+def test_sah_cost_does_not_depend_on_node_order(rng, make_median_tree):
+    # with this seed a plain NumPy sum of the node costs differs in the last
+    # bits for most of the shuffles below
+    tree = tree_of_many_sizes(rng, make_median_tree, 1000)
     cost = tree_stats(tree)["sah_cost"]
     for _ in range(8):
         shuffled = shuffle_sibling_pairs(tree, rng)
@@ -331,12 +334,7 @@ def test_sah_cost_is_the_fsum_of_the_node_terms(rng, make_median_tree):
 
     from kdtree_gpu.config import box_half_area
 
-    n = 2000
-    centre = rng.random((n, 3))
-    size = np.exp(rng.uniform(-9.0, -1.0, (n, 1)))
-    V = (np.repeat(centre, 3, axis=0)
-         + rng.random((3 * n, 3)) * np.repeat(size, 3, axis=0)).astype(np.float32)
-    tree = make_median_tree(V, np.arange(3 * n, dtype=np.int32).reshape(n, 3), leaf_size=3)
+    tree = tree_of_many_sizes(rng, make_median_tree, 2000)
     _, lo, hi = numpy_walk(tree)
     ext = hi.astype(np.float64) - lo.astype(np.float64)
     area = box_half_area(ext[:, 0], ext[:, 1], ext[:, 2])
