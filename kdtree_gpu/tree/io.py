@@ -33,6 +33,7 @@ import hashlib
 import json
 import os
 import struct
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -86,8 +87,6 @@ def _write_and_hash(f, pieces) -> bytes:
     file writes both release the GIL on large buffers, so a large tree is
     saved in about the longer of the two instead of their sum.
     """
-    import threading
-
     hasher = hashlib.sha256()
     failed = []
 
