@@ -12,18 +12,21 @@
    starts, then ``kd.build_many(..., client=client, force=True)`` into a folder
    of its own, timed from submission to the last tree on disk (loading,
    hashing, building, saving included; tree statistics with ``--stats``):
-   meshes per second and triangles per second.
-3. Checks every tree of every run against the one-worker (single-GPU) run: the
-   same arrays (node order included, which implies ``tree.compare(other) is
-   None``) and the same ``num_degenerate``; trees whose arrays differ are
+   meshes per second and triangles per second, and each worker's busy share
+   of the wall time (Dask's task stream). With ``--rounds R`` every worker
+   count runs R times, the order alternating between rounds; meshes per
+   second is the median over rounds.
+3. Checks the last round's trees of each worker count against those of one
+   worker (single GPU): the same arrays (node order included, which implies
+   ``tree.compare(other) is None``) and the same ``num_degenerate``; trees whose arrays differ are
    compared node by node with ``KdTree.compare``.
 4. Writes ``batch_<gpu>.json`` and ``batch_<gpu>.md`` under ``--out``: the
-   collection, each run (meshes/s, the GPU of each worker), the scaling (meshes/s
-   with the most GPUs over meshes/s with one) and the comparison.
+   collection, each run (meshes/s, the GPU of each worker), the scaling (median
+   meshes/s with the most GPUs over median meshes/s with one) and the comparison.
 
 Usage (a machine with two GPUs; Dask, distributed and trimesh importable)::
 
-    KDTREE_GPU_MESH_DIR=DIR PYTHONPATH=. python3 benchmarks/bench_batch.py --out benchmarks/results
+    KDTREE_GPU_MESH_DIR=DIR PYTHONPATH=. python3 benchmarks/bench_batch.py --rounds 2 --out benchmarks/results
 
 On a CPU (the whole pipeline, small)::
 
