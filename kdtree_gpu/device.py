@@ -252,9 +252,16 @@ def device_name(device="auto") -> str:
     dev = resolve_device(device)
     if not dev.is_cuda:
         return "cpu"
+    return _gpu_product_name(dev.index)
+
+
+@functools.lru_cache(maxsize=None)
+def _gpu_product_name(index: int) -> str:
+    # asked once per GPU and process: getDeviceProperties takes about a
+    # millisecond, and a batch names the GPU in every mesh's record
     import cupy
 
-    name = cupy.cuda.runtime.getDeviceProperties(dev.index)["name"]
+    name = cupy.cuda.runtime.getDeviceProperties(index)["name"]
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
 
