@@ -18,15 +18,16 @@
    second is the median over rounds.
 3. Checks the last round's trees of each worker count against those of one
    worker (single GPU): the same arrays (node order included, which implies
-   ``tree.compare(other) is None``) and the same ``num_degenerate``; trees whose arrays differ are
-   compared node by node with ``KdTree.compare``.
+   ``tree.compare(other) is None``) and the same ``num_degenerate``; trees
+   whose arrays differ are compared node by node with ``KdTree.compare``.
 4. Writes ``batch_<gpu>.json`` and ``batch_<gpu>.md`` under ``--out``: the
    collection, each run (meshes/s, the GPU of each worker), the scaling (median
    meshes/s with the most GPUs over median meshes/s with one) and the comparison.
 
 Usage (a machine with two GPUs; Dask, distributed and trimesh importable)::
 
-    KDTREE_GPU_MESH_DIR=DIR PYTHONPATH=. python3 benchmarks/bench_batch.py --rounds 2 --out benchmarks/results
+    KDTREE_GPU_MESH_DIR=DIR PYTHONPATH=. python3 benchmarks/bench_batch.py --rounds 2 \\
+        --out benchmarks/results
 
 On a CPU (the whole pipeline, small)::
 
@@ -358,10 +359,9 @@ def main(argv=None) -> int:
             for w in counts}
     result["median_meshes_per_s"] = rate
     result["scaling"] = rate[counts[-1]] / rate[counts[0]]
-    first = {"workers": counts[0]}
     names = sorted(p.stem + ".kdt" for p in paths)
     for workers in counts[1:]:  # the last round's trees of each worker count
-        check = compare_runs(args.work / f"trees_{first['workers']}",
+        check = compare_runs(args.work / f"trees_{counts[0]}",
                              args.work / f"trees_{workers}", names, processes)
         result["comparisons"].append({"workers": workers, **check})
     if not args.keep_trees:

@@ -3,7 +3,7 @@
 
 What the GPU and the driver did, recorded by CUPTI through PyTorch's
 profiler (which records every CUDA activity of the process, CuPy's
-included), in three windows per mesh, each on a fresh tree built on CuPy
+included), in four windows per mesh, each on a fresh tree built on CuPy
 arrays (1920x1080 primary rays from ``peer_bench.make_primary_rays``):
 
 * ``nothing``: the caller's synchronization alone (what the profiler itself

@@ -164,14 +164,20 @@ def _packed_oracle(parameters, values):
     return block.view(np.uint8), [block.dtype.fields[name][1] for name, _ in dtypes]
 
 
-def test_packed_launch_lays_parameters_out_as_the_c_structs():
+def mixed_parameters() -> tuple:
+    """A parameter list with padding before a struct, between scalars and at the end,
+    and values for it (struct fields flattened)."""
     from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
 
-    # padding before a struct, between scalars and at the end
     parameters = (("a", np.int8), ("p", TraceParams), ("b", np.int32), ("rays", RaySoA),
                   ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
     values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
               7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
+    return parameters, values
+
+
+def test_packed_launch_lays_parameters_out_as_the_c_structs():
+    parameters, values = mixed_parameters()
     packed = P.PackedLaunch("kd_test", parameters)
     expected, offsets = _packed_oracle(parameters, values)
     assert packed.offsets == tuple(offsets)
@@ -183,12 +189,7 @@ def test_packed_launch_lays_parameters_out_as_the_c_structs():
 def test_a_bound_launch_packs_its_fixed_values_once_and_the_rest_at_each_launch(monkeypatch):
     """Head packed into each thread's block once, tail at every launch: the block the
     driver gets equals the whole list packed at once, for every split point."""
-    from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
-
-    parameters = (("a", np.int8), ("p", TraceParams), ("b", np.int32), ("rays", RaySoA),
-                  ("c", np.float64), ("hits", HitSoA), ("d", np.uint8))
-    values = (-3, 0.5, -1.25, 2.0, 3.5, 4.0, 5.0, 0.125, 0.0, np.inf, 2_000_000_000_000,
-              7, 11, 13, 0, 17, -2.5, *range(100, 107), 255)
+    parameters, values = mixed_parameters()
     packed = P.PackedLaunch("kd_test", parameters)
     expected = packed.pack(values).tobytes()
     seen = []
