@@ -381,10 +381,11 @@ def check_trace_range(bounds, smallest_size, triangle=None):
         triangle smaller than ``2**-40 / s`` with ``s`` the trace scale (about
         1e-12 times ``M``). The message names the problem and the usable range.
     """
-    from .trace.scale import MAX_COORDINATE, MIN_COORDINATE, MIN_SCALED_TRIANGLE, trace_scale
+    from .trace.scale import (MAX_COORDINATE, MIN_COORDINATE, MIN_SCALED_TRIANGLE, largest_abs,
+                              trace_scale)
 
     box = np.asarray(bounds, dtype=np.float32).reshape(2, 3)
-    largest = float(np.max(np.abs(box)))
+    largest = largest_abs(box)
     if not (MIN_COORDINATE <= largest < MAX_COORDINATE):
         raise MeshError(
             f"the mesh's largest absolute coordinate is {largest:.6g}, outside the range float32 "
