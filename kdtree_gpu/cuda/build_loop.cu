@@ -315,8 +315,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         grid.sync();
         // The next level's sizes: every thread reads the same values and
         // takes the same branch.
-        const long long sl = s.split_leaf_ex[n];
-        const long long num_split = KD_LOW(sl), num_leaf_refs = KD_HIGH(sl);
+        const long long num_split = split_count;
+        const long long num_leaf_refs = KD_HIGH(s.split_leaf_ex[n]);
         const long long num_child_refs = child_ref_offset[2 * num_split];
         const long long num_child_events = child_event_offset[6 * num_split];
         const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
@@ -399,8 +399,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 const long long b = s.new_offset[c], e_end = s.new_offset[c + 1];
                 long long rank = 0;
                 for (long long j = b; j < e_end; ++j) rank += s.new_key[j] < key;
-                const long long r = (long long)(key & ((1ull << KD_CLIP_KIND_SHIFT) - 1));
-                const int new_kind = (int)((key >> KD_CLIP_KIND_SHIFT) & 3);
+                const long long r = kd_clip_key_ref(key);
+                const int new_kind = kd_clip_key_kind(key);
                 const int nd = node[r];
                 const int side = (int)(c & 1);
                 const long long ps = (c / (2 * num_split)) * n + nd;
@@ -415,7 +415,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 kd_ref_destinations(r, nd, s.ref_lr_ex, node_ref_offset, s.split_leaf_ex,
                                     child_ref_offset, &dl, &dr);
                 const long long dst = child_event_offset[c] + kept + rank;
-                child_pos[dst] = kd_float_from_ordered_bits32((unsigned int)(key >> KD_CLIP_POS_SHIFT));
+                child_pos[dst] = kd_clip_key_pos(key);
                 child_kind[dst] = (signed char)new_kind;
                 child_ref[dst] = (int)(side ? dr : dl);
                 child_seg[dst] = (int)c;

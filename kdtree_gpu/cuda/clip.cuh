@@ -17,6 +17,22 @@ __device__ __forceinline__ unsigned long long kd_clip_key(float pos, int kind, l
            ((unsigned long long)kind << KD_CLIP_KIND_SHIFT) | (unsigned long long)ref;
 }
 
+// kd_clip_key's three fields, read back.
+__device__ __forceinline__ float kd_clip_key_pos(unsigned long long key)
+{
+    return kd_float_from_ordered_bits32((unsigned int)(key >> KD_CLIP_POS_SHIFT));
+}
+
+__device__ __forceinline__ int kd_clip_key_kind(unsigned long long key)
+{
+    return (int)((key >> KD_CLIP_KIND_SHIFT) & 3);
+}
+
+__device__ __forceinline__ long long kd_clip_key_ref(unsigned long long key)
+{
+    return (long long)(key & ((1ull << KD_CLIP_KIND_SHIFT) - 1));
+}
+
 // Event e's bound of its reference's box in its node (R2): the lower bound
 // from a START or PLANAR event, the upper bound from an END or PLANAR one.
 __device__ __forceinline__ void kd_reference_box_event(const float* event_pos,
