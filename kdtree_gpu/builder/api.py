@@ -33,12 +33,14 @@ from typing import Optional
 import numpy as np
 
 from .. import encoding as enc
-from ..arrays import to_numpy
+from ..arrays import device_of, on_gpu, to_numpy
 from ..config import SAHConfig
-from ..device import resolve_device
+from ..device import parse_device, resolve_device
 from ..launch import Profiler
 from ..mesh import coerce_mesh, prepare_mesh
 from ..tree import KdTree
+from .gpu import build_levels_cuda  # (imports nothing of CuPy)
+from .gpu.root import coerce_mesh_cuda
 from .settings import DEFAULT_SETTINGS, GpuSettings
 
 KERNEL_CHOICES = ("fused", "stages", "xp", "reference")
@@ -138,9 +140,6 @@ def build(vertices, faces=None, config: Optional[SAHConfig] = None, device="auto
 
 def _build_device(device, vertices, faces):
     """The device to build on: ``device``, or for "auto" the GPU that holds the mesh."""
-    from ..arrays import device_of, on_gpu
-    from ..device import parse_device
-
     if parse_device(device)[0] == "auto":
         for a in (vertices, faces):
             if on_gpu(a):
@@ -171,9 +170,6 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
         info = {"levels": levels, "level_sizes": level_sizes}
         num_degenerate = int((~valid).sum())
     else:
-        from ..arrays import on_gpu
-        from .gpu import build_levels_cuda
-        from .gpu.root import coerce_mesh_cuda
 
         if on_gpu(vertices) or on_gpu(faces):
             V, F = coerce_mesh_cuda(xp, vertices, faces)

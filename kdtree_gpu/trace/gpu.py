@@ -48,6 +48,7 @@ from ..launch import DEFAULT_BLOCK, launch
 from ..packed_launch import PackedLaunch
 from ..mesh import degenerate_mask, validate_mesh
 from ..soa import field_names
+from .scale import trace_scale
 from .soa import HitSoA, RaySoA, TraceParams
 
 TRAVERSE_SOURCE = "traverse.cu"
@@ -141,9 +142,6 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     ValueError
         The tree is too large for the packed node encoding.
     """
-    from ..builder.soa import TreeNodeSoA
-    from .scale import trace_scale
-
     num_nodes, num_refs = int(node_axis.shape[0]), int(leaf_tris.shape[0])
     if max(num_nodes, num_refs) > enc.PACK_MAX_INDEX:
         raise ValueError(f"tree too large for the packed traversal layout: {num_nodes} nodes, "
@@ -152,8 +150,9 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     scale = np.float32(trace_scale(bounds))
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
     tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
+    launch_, TreeNodeSoA = _pack_launch()
     tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    _pack_launch()("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
+    launch_("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
                    max(num_nodes, num_refs), DEFAULT_BLOCK,
                    (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
                     vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
@@ -163,13 +162,15 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
 
 
 @functools.lru_cache(maxsize=None)
-def _pack_launch() -> PackedLaunch:
-    # the same launcher as the queries' (a GPU build's last launch, so that
-    # the first query finds it ready); made at first use: TreeNodeSoA is
-    # the builder's, whose package imports this module
+def _pack_launch() -> tuple:
+    # (the launcher, TreeNodeSoA): the same launcher as the queries' (a GPU
+    # build's last launch, so that the first query finds it ready); made at
+    # first use: TreeNodeSoA is the builder's, whose package imports this
+    # module (an import in pack_layout would cost each build its lookup)
     from ..builder.soa import TreeNodeSoA
 
-    return PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_pack_layout", structs=(TreeNodeSoA,))
+    return (PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_pack_layout", structs=(TreeNodeSoA,)),
+            TreeNodeSoA)
 
 
 def traversal_layout(tree, device_id=None) -> TraversalLayout:
@@ -541,8 +542,6 @@ def _check_rays(origins, directions, tmin, tmax) -> int:
 
 def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     import cupy
-
-    from .scale import trace_scale
 
     num_rays = _check_rays(origins, directions, tmin, tmax)
     V, F = validate_mesh(vertices, faces)

@@ -226,7 +226,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             record = status.get()
         level = int(record[enc.LOOP_LEVEL])
         sizes = record[enc.LOOP_SLOTS + 3 * state.level:enc.LOOP_SLOTS + 3 * level]
-        state.level_sizes += [tuple(int(x) for x in row) for row in sizes.reshape(-1, 3)]
+        state.level_sizes += [tuple(row) for row in sizes.reshape(-1, 3).tolist()]
         state.level = level
         state.level_base = int(record[enc.LOOP_LEVEL_BASE])
         state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
