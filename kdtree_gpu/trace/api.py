@@ -73,6 +73,9 @@ def _stream_of(template):
         import torch
 
         stream = torch.cuda.current_stream(template.device)
+        if hasattr(stream, "__cuda_stream__") and hasattr(cupy.cuda.Stream, "from_external"):
+            # the CUDA stream protocol (CuPy 14 deprecates ExternalStream for it)
+            return cupy.cuda.Stream.from_external(stream)
         return cupy.cuda.ExternalStream(stream.cuda_stream, template.device.index)
     return contextlib.nullcontext()
 
