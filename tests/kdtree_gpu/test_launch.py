@@ -54,6 +54,10 @@ def test_profiling_off_records_nothing():
         pass
     L.launch("fill", FakeKernel(), 10, ())
     assert L.active_profiler() is None
+    # unobserved stages cost a shared do-nothing context, not a new one each
+    assert L.stage("sort", np) is L.stage("emit")
+    with L.profiling():
+        assert L.stage("sort", np) is not L.stage("sort", np)
 
 
 def test_cpu_stages_fill_the_profile_table():

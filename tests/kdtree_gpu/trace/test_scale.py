@@ -24,7 +24,7 @@ from kdtree_gpu import testing
 from kdtree_gpu import trace as raycast
 from kdtree_gpu.mesh import (MeshError, check_trace_range, load_mesh, prepare_mesh,
                              smallest_triangle)
-from kdtree_gpu.trace.scale import scale_exponent, trace_scale
+from kdtree_gpu.trace.scale import largest_abs, scale_exponent, trace_scale
 
 DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)]
 SCALES = [1e-15, 1e-9, 1e-3, 1.0, 1e3, 1e9, 1e15]
@@ -287,6 +287,19 @@ def test_trace_scale_brings_the_largest_coordinate_into_half_one(largest, expone
     m = float(np.max(np.abs(bounds)))
     if 2.0 ** -125 < m < 2.0 ** 126:
         assert 0.5 <= m * float(s) < 1.0
+
+
+@pytest.mark.parametrize("at", range(6))
+def test_largest_coordinate_agrees_with_numpy_and_keeps_nan_anywhere(at):
+    rng = np.random.default_rng(at)
+    box = (rng.standard_normal((2, 3)) * 10.0 ** rng.integers(-30, 30, (2, 3))).astype(np.float32)
+    assert largest_abs(box) == float(np.max(np.abs(box)))
+    box.reshape(-1)[at] = np.nan  # a NaN in any of the six places, as np.max would
+    assert math.isnan(largest_abs(box)) and scale_exponent(box) == 0
+    with pytest.raises(MeshError, match="nan"):
+        check_trace_range(box, 1.0)
+    box.reshape(-1)[at] = -np.inf
+    assert largest_abs(box) == math.inf and scale_exponent(box) == 0
 
 
 def tiny_triangle_mesh(size):
