@@ -170,7 +170,6 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
         info = {"levels": levels, "level_sizes": level_sizes}
         num_degenerate = int((~valid).sum())
     else:
-
         if on_gpu(vertices) or on_gpu(faces):
             V, F = coerce_mesh_cuda(xp, vertices, faces)
         else:

@@ -150,13 +150,13 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     scale = np.float32(trace_scale(bounds))
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
     tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
-    launch_, TreeNodeSoA = _pack_launch()
-    tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    launch_("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
-                   max(num_nodes, num_refs), DEFAULT_BLOCK,
-                   (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
-                    vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
-                   cp.cuda.get_current_stream().ptr)
+    launcher, node_soa = _pack_launch()
+    tree_nodes = node_soa(node_axis, node_split, node_child, node_count)
+    launcher("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
+             max(num_nodes, num_refs), DEFAULT_BLOCK,
+             (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
+              vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
+             cp.cuda.get_current_stream().ptr)
     return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
 
