@@ -41,16 +41,6 @@ def default_loop_capacity(num_events: int, num_refs: int) -> tuple:
             5 * num_refs // 4 + 1024, 10 * num_refs + 256)
 
 
-def default_stage_capacity(num_events: int) -> int:
-    """Events the kept arrays of the levels run by stages hold
-    (:class:`kdtree_gpu.builder.gpu.level_stages.StageBuffers`), made at a
-    level of ``num_events``: a quarter more. A large mesh's levels grow by a
-    few percent each (measured for a 5.5M-triangle mesh: the widest 1.21x
-    the root); a level whose children do not fit writes them apart, and
-    the next level makes larger arrays."""
-    return num_events + num_events // 4 + 4096
-
-
 @dataclasses.dataclass(frozen=True)
 class GpuSettings:
     """Settings of the GPU level drivers (:mod:`kdtree_gpu.builder.gpu`).
@@ -75,10 +65,6 @@ class GpuSettings:
         ``(num_events, num_refs) -> (cap_events, cap_refs, cap_nodes,
         cap_tree)``: the first buffers of the level loop
         (:func:`default_loop_capacity`).
-    stage_capacity : callable
-        ``num_events -> capacity``: the events the kept arrays of the levels
-        run by stages hold, made at a level of ``num_events``
-        (:func:`default_stage_capacity`).
     small_refs : int
         A node the level-loop kernel would split that holds at most this
         many references (0 .. ``encoding.SMALL_MAX_REFS``) is deferred, and
@@ -125,7 +111,6 @@ class GpuSettings:
     loop_max_events: int = 1 << 23
     small_level: int = 1 << 16
     loop_capacity: object = default_loop_capacity
-    stage_capacity: object = default_stage_capacity
     small_refs: int = 0
     small_records: int = 0
     workspace_block: int = 4 << 20

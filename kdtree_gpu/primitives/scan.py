@@ -61,7 +61,7 @@ def exclusive_scan(x, dtype=None):
     return out
 
 
-def inclusive_scan(x, dtype=None, description: str = "inclusive scan", out=None):
+def inclusive_scan(x, dtype=None, description: str = "inclusive scan"):
     """Inclusive prefix sum.
 
     Parameters
@@ -71,8 +71,6 @@ def inclusive_scan(x, dtype=None, description: str = "inclusive scan", out=None)
         As in :func:`exclusive_scan`.
     description : str
         Name of the launches in the profile (CuPy int64 input).
-    out : (n,) array of ``dtype``, optional
-        Where to write the scan (not ``x`` itself); made otherwise.
 
     Returns
     -------
@@ -82,16 +80,9 @@ def inclusive_scan(x, dtype=None, description: str = "inclusive scan", out=None)
     xp = get_xp(x)
     _check_1d("x", x)
     dtype = _scan_dtype(x, dtype)
-    _check_out(out, x.shape[0], dtype)
     if xp is not np and dtype == np.int64 and x.dtype == np.int64:
-        return _scan_int64_cuda(x, xp.empty(x.shape[0], dtype=np.int64) if out is None else out,
-                                description)
-    return xp.cumsum(x, dtype=dtype, out=out)
-
-
-def _check_out(out, n, dtype):
-    if out is not None and (tuple(out.shape) != (n,) or out.dtype != dtype):
-        raise ValueError(f"out must be a ({n},) {dtype} array, got {tuple(out.shape)} {out.dtype}")
+        return _scan_int64_cuda(x, xp.empty(x.shape[0], dtype=np.int64), description)
+    return xp.cumsum(x, dtype=dtype)
 
 
 def _check_offsets(offsets, n):
@@ -191,8 +182,7 @@ def segmented_scan(values, *, offsets=None, head_flags=None, exclusive=False, dt
 
 
 
-def inclusive_scan_pair(first, second, description: str = "inclusive scan pair",
-                        out=(None, None)):
+def inclusive_scan_pair(first, second, description: str = "inclusive scan pair"):
     """Two inclusive int64 scans; on CuPy one launch when both arrays are small.
 
     Parameters
@@ -200,8 +190,6 @@ def inclusive_scan_pair(first, second, description: str = "inclusive scan pair",
     first, second : (n0,), (n1,) int64
     description : str
         Name of the launch(es) in the profile.
-    out : (array or None, array or None)
-        Where to write each scan (as :func:`inclusive_scan`'s ``out``).
 
     Returns
     -------
@@ -210,15 +198,19 @@ def inclusive_scan_pair(first, second, description: str = "inclusive scan pair",
     xp = get_xp(first, second)
     n0, n1 = int(first.shape[0]), int(second.shape[0])
     if xp is np or n0 > enc.SCAN_SMALL or n1 > enc.SCAN_SMALL:
-        return (inclusive_scan(first, np.int64, description + " (1)", out[0]),
-                inclusive_scan(second, np.int64, description + " (2)", out[1]))
-    _check_out(out[0], n0, np.dtype(np.int64))
-    _check_out(out[1], n1, np.dtype(np.int64))
-    out0 = xp.empty(n0, dtype=np.int64) if out[0] is None else out[0]
-    out1 = xp.empty(n1, dtype=np.int64) if out[1] is None else out[1]
+        return (_scan_named(first, description + " (1)"), _scan_named(second, description + " (2)"))
+    out0 = xp.empty(n0, dtype=np.int64)
+    out1 = xp.empty(n1, dtype=np.int64)
     launch(description, _scan_kernel("kd_scan_small_pair"), 2 * enc.SCAN_BLOCK,
            (first, np.int64(n0), out0, second, np.int64(n1), out1), block=enc.SCAN_BLOCK)
     return out0, out1
+
+
+def _scan_named(values, description):
+    xp = get_xp(values)
+    if xp is np:
+        return np.cumsum(values, dtype=np.int64)
+    return _scan_int64_cuda(values, xp.empty(values.shape[0], dtype=np.int64), description)
 
 
 def _scan_kernel(name):

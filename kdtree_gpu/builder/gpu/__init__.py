@@ -30,7 +30,7 @@ from ...trace.gpu import pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
 from .level_loop import build_levels_grid, level_loop_kernel
-from .level_stages import build_level_stages, release_stage_buffers
+from .level_stages import build_level_stages
 from .output import TreeOutput
 from .root import create_root_events_cuda, prepare_mesh_cuda
 from .small import build_small_subtrees
@@ -55,8 +55,6 @@ class LoopState:
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
     deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
     num_deferred: int = 0
-    stage_buffers: object = None  # level_stages.StageBuffers: the stage levels' kept arrays
-    stage_buffer_allocations: int = 0  # times they were made
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
@@ -130,7 +128,6 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
                                        (V_d, F_d))
         state.events = state.refs = state.nodes = None
-        release_stage_buffers(state)  # (in the workspace: free before it is given back)
         small_depth = build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
                                            settings)
         del tri_lo, tri_hi
@@ -149,7 +146,6 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "loop_blocks": state.loop_blocks,
             "stage_levels": state.stage_levels,
-            "stage_buffer_allocations": state.stage_buffer_allocations,
             "small_subtrees": state.num_deferred, "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate,
             # the workspace's and the caller's pool's high-water mark, and the mesh

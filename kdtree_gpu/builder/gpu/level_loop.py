@@ -20,7 +20,6 @@ from ...launch import launch, stage
 from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
-from .level_stages import release_stage_buffers
 from .output import grown
 from .workspace import BlockLayout
 
@@ -173,9 +172,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     kernel, resident = loop
     workspace = state.workspace
     if state.stage_levels:
-        # The stage levels' buffers and the blocks cached from them cannot
-        # hold the loop's one block: give them back before it is made.
-        release_stage_buffers(state)
+        # Blocks cached from larger levels run by stages cannot hold the
+        # loop's one block: give them back before it is made.
         workspace.trim()
     max_events = settings.loop_max_events
     if cfg.clip:

@@ -38,13 +38,9 @@ def _clip_kernel(name):
     return get_function(_CLIP_SOURCE, name)
 
 
-def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small, scratch=None):
+def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
     """R5-R7: the cost of every candidate plane (``inf`` elsewhere) and each
     segment's minimum cost.
-
-    ``scratch`` (:class:`StageBuffers`, not with ``small``): the event
-    arrays are views of its scratch (the scans in ``scan[0]`` then
-    ``scan[1]``, the costs over the first in ``scan[0]``) instead of new arrays.
 
     Returns
     -------
@@ -65,22 +61,15 @@ def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small, scratch
                (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
                 seg_best))
     else:
-        open_close = (cp.empty(num_events + 1, dtype=np.int64) if scratch is None
-                      else scratch.scan[0][:num_events + 1])
+        open_close = cp.empty(num_events + 1, dtype=np.int64)
         launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
                max(num_events, 3 * n),
                (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
                 i64(3 * n), open_close, seg_min_cost, seg_best))
-        open_close_ex = inclusive_scan(
-            open_close, description="compute_split_costs: scan",
-            out=None if scratch is None else scratch.scan[1][:num_events + 1])
-        del open_close  # its memory serves the costs below
-    if scratch is None:
-        event_cost = cp.empty(2 * num_events, dtype=np.uint32)
-        event_side = cp.empty(num_events, dtype=np.int8)
-    else:
-        event_cost = scratch.scan[0].view(np.uint32)[:2 * num_events]
-        event_side = scratch.side[:num_events]
+        open_close_ex = inclusive_scan(open_close, description="compute_split_costs: scan")
+        del open_close  # its block serves the costs below
+    event_cost = cp.empty(2 * num_events, dtype=np.uint32)
+    event_side = cp.empty(num_events, dtype=np.int8)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            (events.event_pos, events.event_seg, open_close_ex,
             nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
@@ -153,15 +142,13 @@ def reference_boxes_gpu(cp, events, num_refs, num_nodes):
     return ref_lo, ref_hi
 
 
-def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, clip=False,
-                           scratch=None):
+def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, clip=False):
     """R9: the class of every reference (0 in a leaf) and the packed (left,
     right) routing flags of references and events, each after a leading 0.
 
     With ``clip``, ``tri_lo``/``tri_hi`` are the references' boxes
     (:func:`reference_boxes_gpu`) and a straddling reference's events route
-    nowhere (:func:`clip_straddling_gpu` makes new ones). ``scratch``
-    (:class:`StageBuffers`): ``event_lr`` is a view of its ``scan[1]``.
+    nowhere (:func:`clip_straddling_gpu` makes new ones).
 
     Returns
     -------
@@ -172,8 +159,7 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, c
     num_refs, num_events = refs.size, events.size
     ref_class = cp.empty(num_refs, dtype=np.uint8)
     ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
-    event_lr = (cp.empty(num_events + 1, dtype=np.int64) if scratch is None
-                else scratch.scan[1][:num_events + 1])
+    event_lr = cp.empty(num_events + 1, dtype=np.int64)
     launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
            (*refs.args(), events.event_ref, best.node_axis, best.node_pos,
             best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
@@ -181,12 +167,8 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, c
     return ref_class, ref_lr, event_lr
 
 
-def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small,
-                          scratch=None):
+def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small):
     """Where every copy goes: the flag scans, the child group sizes and their scans.
-
-    ``scratch`` (:class:`StageBuffers`, not with ``small``): ``event_lr_ex``
-    is a view of its ``scan[0]`` (the costs there are read by then).
 
     Returns
     -------
@@ -214,9 +196,7 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr
                 ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
                 child_ref_offset, child_event_offset, totals))
     else:
-        ref_lr_ex, event_lr_ex = inclusive_scan_pair(
-            ref_lr, event_lr, "route: scans",
-            out=(None, None if scratch is None else scratch.scan[0][:num_events + 1]))
+        ref_lr_ex, event_lr_ex = inclusive_scan_pair(ref_lr, event_lr, "route: scans")
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
@@ -251,13 +231,10 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex,
                               split_leaf_ex, child_ref_offset, child_event_offset,
                               num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
-                              clip=False, child_events=None):
+                              clip=False):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
     (with ``clip``, without the straddling references' events).
-
-    ``child_events``: where the next level's events go (``num_child_events``
-    rows, a slot of :class:`StageBuffers`); made otherwise.
 
     Returns
     -------
@@ -265,8 +242,7 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         The next level's references and events.
     """
     child_refs = RefSoA.allocate(cp, num_child_refs)
-    if child_events is None:
-        child_events = EventSoA.allocate(cp, num_child_events)
+    child_events = EventSoA.allocate(cp, num_child_events)
     launch("split_refs_and_events", _kernel("kd_scatter"), max(refs.size, events.size),
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
             split_leaf_ex, child_ref_offset, *events.args(), event_lr_ex, nodes.seg_event_offset,
@@ -333,75 +309,6 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     return merged, offset
 
 
-class StageBuffers:
-    """The per-event arrays of the levels run by stages, kept from level to level.
-
-    A level's events come from the one before it, its scratch arrays die
-    within it: made anew at every level, CuPy's pool cannot fit the next
-    level's arrays into the blocks the last one freed and keeps growing
-    (measured on an H100 for a 5.5M-triangle mesh: 416 B per triangle in
-    use at the largest level, 622 held by the pool). Here the events live
-    in two slots (a level reads one and writes its children into the
-    other) and the scratch in two int64 arrays and one int8 array, each
-    given a new role as the stages go (:func:`build_level_stages` says
-    which), all sized for ``capacity`` events
-    (``GpuSettings.stage_capacity``): made once, at the first level that
-    needs them, and again only when a level outgrows them.
-
-    Attributes
-    ----------
-    capacity : int
-    slots : [EventSoA, EventSoA]
-    scan : (2,) tuple of (capacity + 1,) int64
-    side : (capacity,) int8
-    holds : int
-        The slot holding the current level's events (-1: neither).
-    """
-
-    def __init__(self, cp, capacity: int):
-        self.capacity = int(capacity)
-        self.slots = [EventSoA.allocate(cp, self.capacity) for _ in range(2)]
-        self.scan = tuple(cp.empty(self.capacity + 1, dtype=np.int64) for _ in range(2))
-        self.side = cp.empty(self.capacity, dtype=np.int8)
-        self.holds = -1
-
-    def child_slot(self, num_events: int):
-        """The free slot's first ``num_events`` rows, or None when it is too small."""
-        if num_events > self.capacity:
-            return None
-        slot = self.slots[1 - max(self.holds, 0)]
-        return EventSoA(*(a[:num_events] for a in slot.args()))
-
-
-def stage_buffers(cp, state, num_events: int, settings):
-    """The state's :class:`StageBuffers`, made (or made larger: of
-    ``settings.stage_capacity(num_events)`` events) for a level of
-    ``num_events`` events; the old ones go when the level's events are not in them."""
-    buffers = state.stage_buffers
-    if buffers is not None and num_events <= buffers.capacity:
-        return buffers
-    # The level's events are in none of the old slots (a level too large for
-    # them writes its children elsewhere): the old buffers can go first.
-    state.stage_buffers = None
-    if buffers is not None and state.workspace is not None:
-        del buffers
-        state.workspace.trim()  # their blocks back to the device before larger ones are made
-    state.stage_buffers = StageBuffers(cp, max(num_events, settings.stage_capacity(num_events)))
-    state.stage_buffer_allocations += 1
-    return state.stage_buffers
-
-
-def release_stage_buffers(state) -> None:
-    """Drop the state's :class:`StageBuffers`, copying the current level's events
-    out of their slot first (so that no view keeps a slot alive)."""
-    buffers = state.stage_buffers
-    if buffers is None:
-        return
-    if buffers.holds >= 0 and state.events is not None:
-        state.events = EventSoA(*(a.copy() for a in state.events.args()))
-    state.stage_buffers = None
-
-
 def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings, mesh=None):
     """Run one level from ``state`` with one launch per stage.
 
@@ -427,15 +334,8 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     state.stage_levels.append(level)
     level_active = level < max_depth
     small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
-    # Per-event arrays in the kept buffers (StageBuffers), except on small
-    # levels (their block-wide kernels make their own) and with perfect
-    # splits (whose merge makes the children's events anew). The roles of
-    # the scratch: scan[0] holds the open/close flags, then the costs,
-    # then the events' routing scan; scan[1] the open/close scan, then the
-    # routing flags; the children go into the slot the level does not use.
-    scratch = None if small or cfg.clip else stage_buffers(cp, state, num_events, settings)
     event_cost, event_side, seg_min_cost, seg_best = compute_split_costs_gpu(
-        cp, cfg, events, nodes, level_active, small, scratch)
+        cp, cfg, events, nodes, level_active, small)
     best, node_split, split_leaf_ex = select_best_splits_gpu(
         cp, cfg, events, nodes, event_cost, event_side, seg_min_cost, seg_best, level_active,
         small)
@@ -445,9 +345,9 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
     ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, refs, events, best, node_split,
-                                                         box_lo, box_hi, cfg.clip, scratch)
+                                                         box_lo, box_hi, cfg.clip)
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
-        cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small, scratch)
+        cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
     del ref_lr, event_lr
     with stage(xp=cp, description="read_level_counts"):
         # The one deliberate device-to-host read per level: sizes of the next level.
@@ -456,15 +356,10 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
     child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
                                  leaf_ref_base, num_split, out)
-    child_slot = None if scratch is None else scratch.child_slot(num_child_events)
     child_refs, child_events = split_refs_and_events_gpu(
         cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
         child_ref_offset, child_event_offset, num_child_refs, num_child_events, leaf_ref_base,
-        out.leaf, cfg.clip, child_slot)
-    if state.stage_buffers is not None:
-        # which slot the next level's events are in (-1: made apart, too many)
-        buffers = state.stage_buffers
-        buffers.holds = -1 if child_slot is None else 1 - max(buffers.holds, 0)
+        out.leaf, cfg.clip)
     seg_event_offset = child_event_offset[:6 * num_split + 1]
     if cfg.clip and num_split:
         child_events, seg_event_offset = clip_straddling_gpu(

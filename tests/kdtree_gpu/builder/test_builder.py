@@ -216,34 +216,6 @@ def test_gpu_without_cooperative_launch_every_level_runs_by_stages():
     assert info["stage_levels"] == list(range(info["levels"]))
 
 
-def exact_stage_capacity(num_events):
-    return num_events  # no room to grow: a level with more children writes them apart
-
-
-@gpu
-@pytest.mark.parametrize("capacity", ["default", "exact"])
-@pytest.mark.parametrize("name", ["suzanne", "stanford_bunny"])
-def test_gpu_stage_levels_keep_their_arrays_across_levels(name, capacity, mesh_path):
-    # Every level by stages, none of them on the block-wide path: the events
-    # ping-pong between two kept slots and the scratch arrays change roles
-    # within a level (level_stages.StageBuffers); with no room to grow, a
-    # level whose children outnumber the slots writes them apart and the
-    # next level makes the arrays again.
-    V, F = kd.load_mesh(mesh_path(name))
-    settings = GpuSettings(level_loop=False, small_level=0, **(
-        {} if capacity == "default" else {"stage_capacity": exact_stage_capacity}))
-    dirty_device_pool()
-    tree = kd.build(V, F, device="cuda", settings=settings)
-    assert_same_tree(cpu_reference.build(V, F), tree)
-    info = tree.build_info
-    assert info["stage_levels"] == list(range(info["levels"]))
-    made = info["stage_buffer_allocations"]
-    if capacity == "default":
-        assert 1 <= made <= info["levels"] // 3  # kept over most levels
-    else:
-        assert made > 1
-
-
 @gpu
 def test_gpu_level_loop_grid_fits_the_device():
     import cupy

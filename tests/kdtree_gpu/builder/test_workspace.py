@@ -64,10 +64,7 @@ def _result_bytes(tree):
     GpuSettings(workspace_block=1),  # every allocation from the workspace
     GpuSettings(loop_capacity=tight_loop_capacity, workspace_block=1),  # the loop relaunched per level
     GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
-    # every level by stages in kept arrays (made again as the levels grow)
-    GpuSettings(level_loop=False, small_level=0, workspace_block=1,
-                stage_capacity=lambda num_events: num_events),
-], ids=["default", "all-workspace", "relaunched", "stages", "stages-kept"])
+], ids=["default", "all-workspace", "relaunched", "stages"])
 def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     import cupy
 
