@@ -381,8 +381,8 @@ def check_trace_range(bounds, smallest_size, triangle=None):
         triangle smaller than ``2**-40 / s`` with ``s`` the trace scale (about
         1e-12 times ``M``). The message names the problem and the usable range.
     """
-    from .trace.scale import (MAX_COORDINATE, MIN_COORDINATE, MIN_SCALED_TRIANGLE, largest_abs,
-                              trace_scale)
+    from .trace.scale import (MAX_COORDINATE, MIN_COORDINATE, MIN_SCALED_TRIANGLE,
+                              exponent_of_largest, largest_abs)
 
     box = np.asarray(bounds, dtype=np.float32).reshape(2, 3)
     largest = largest_abs(box)
@@ -391,7 +391,7 @@ def check_trace_range(bounds, smallest_size, triangle=None):
             f"the mesh's largest absolute coordinate is {largest:.6g}, outside the range float32 "
             f"ray tracing serves: [2^-100, 2^100), about [{MIN_COORDINATE:.3g}, "
             f"{MAX_COORDINATE:.3g}); scale the mesh into it")
-    scale = float(trace_scale(box))
+    scale = 2.0 ** exponent_of_largest(largest)  # trace_scale(box), its box read once
     min_size = MIN_SCALED_TRIANGLE / scale
     if smallest_size < min_size:
         which = f"triangle {triangle}" if triangle is not None and triangle >= 0 else "a triangle"

@@ -42,12 +42,9 @@ def scatter_add_rows(xp, target, index, values) -> None:
         for c in range(target.shape[1]):
             target[:, c] += np.bincount(index, weights=values[:, c],
                                         minlength=target.shape[0]).astype(np.float32)
-    elif hasattr(xp.add, "at"):  # CuPy 13+ (cupyx.scatter_add is deprecated for it)
-        xp.add.at(target, index, values.astype(np.float32))
     else:
-        import cupyx
-
-        cupyx.scatter_add(target, index, values.astype(np.float32))
+        # ufunc.at: in every CuPy the project accepts (>= 13); cupyx.scatter_add is deprecated
+        xp.add.at(target, index, values.astype(np.float32))
 
 
 def surface(ctx: RenderContext, tri, u, v, direction):

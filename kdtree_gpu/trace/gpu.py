@@ -142,6 +142,8 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     ValueError
         The tree is too large for the packed node encoding.
     """
+    from ..builder.soa import TreeNodeSoA  # the builder's, whose package imports this module
+
     num_nodes, num_refs = int(node_axis.shape[0]), int(leaf_tris.shape[0])
     if max(num_nodes, num_refs) > enc.PACK_MAX_INDEX:
         raise ValueError(f"tree too large for the packed traversal layout: {num_nodes} nodes, "
@@ -150,27 +152,24 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     scale = np.float32(trace_scale(bounds))
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
     tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
-    launcher, node_soa = _pack_launch()
-    tree_nodes = node_soa(node_axis, node_split, node_child, node_count)
-    launcher("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
-             max(num_nodes, num_refs), DEFAULT_BLOCK,
-             (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
-              vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
-             cp.cuda.get_current_stream().ptr)
+    tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
+    _pack_launch()("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
+                   max(num_nodes, num_refs), DEFAULT_BLOCK,
+                   (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
+                    vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
+                   cp.cuda.get_current_stream().ptr)
     return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
 
 
 @functools.lru_cache(maxsize=None)
-def _pack_launch() -> tuple:
-    # (the launcher, TreeNodeSoA): the same launcher as the queries' (a GPU
-    # build's last launch, so that the first query finds it ready); made at
-    # first use: TreeNodeSoA is the builder's, whose package imports this
-    # module (an import in pack_layout would cost each build its lookup)
+def _pack_launch() -> PackedLaunch:
+    # the same launcher as the queries' (a GPU build's last launch, so that
+    # the first query finds it ready); made at first use: TreeNodeSoA is
+    # the builder's, whose package imports this module
     from ..builder.soa import TreeNodeSoA
 
-    return (PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_pack_layout", structs=(TreeNodeSoA,)),
-            TreeNodeSoA)
+    return PackedLaunch.of_kernel(TRAVERSE_SOURCE, "kd_pack_layout", structs=(TreeNodeSoA,))
 
 
 def traversal_layout(tree, device_id=None) -> TraversalLayout:

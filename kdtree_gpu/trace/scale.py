@@ -115,7 +115,12 @@ def scale_exponent(bounds) -> int:
         absolute coordinate of ``bounds``, clamped to ``[-126, 127]``; 0 when
         ``M`` is 0 or not finite.
     """
-    m = largest_abs(bounds)
+    return exponent_of_largest(largest_abs(bounds))
+
+
+def exponent_of_largest(m: float) -> int:
+    """:func:`scale_exponent` of a box whose largest absolute coordinate
+    (:func:`largest_abs`) is ``m``."""
     if m == 0.0 or not math.isfinite(m):
         return 0
     _, e = math.frexp(m)
