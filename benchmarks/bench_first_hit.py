@@ -138,7 +138,7 @@ def bench_mesh(spec, args, pb, optix):
         rows["later"].append(later_ms)
         rows["sum"].append(build_ms + first_ms)
         other = kd.build(Vd, Fd)  # another tree, dropped: the first query's host conditions
-        other = None
+        del other
         sync()
         rows["later_after_build"].append(wall_ms(lambda: tree.intersect(Od, Dd), sync)[0])
         tree = None

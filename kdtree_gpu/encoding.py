@@ -89,7 +89,8 @@ LOOP_NEED_DEFERRED = 15  # deferral records the stopped level needs, its own inc
 LOOP_CLIP_SEGMENT = 16
 LOOP_NEED_NEW_EVENTS = 17
 LOOP_NEED_STAGES = 18
-LOOP_SLOTS = 19
+LOOP_DEFER_REFS = 19  # references of the small nodes deferred so far, all launches
+LOOP_SLOTS = 20
 LOOP_DONE = 0
 LOOP_STOPPED = 1
 
@@ -112,6 +113,11 @@ SMALL_OVERFLOW = 2
 SMALL_DEPTH = 3
 SMALL_HOLES = 4
 SMALL_COUNTERS = 5
+# bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full
+SMALL_FULL_NODES = 1
+SMALL_FULL_LEAVES = 2
+SMALL_FULL_RECORDS = 4
+SMALL_FULL_REFS = 8
 
 # --- summary record of mesh preparation (kd_prepare_triangles) ----------------
 # uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,

@@ -20,25 +20,39 @@ def widest_level(num: int) -> int:
     return 7 * num // 2
 
 
-def default_loop_capacity(num_events: int, num_refs: int) -> tuple:
+def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -> tuple:
     """Capacities of the level loop's first buffers, from the start level's sizes.
 
     Measured on the meshes of the mesh directory (levels of the identical
     NumPy pipeline), the widest level holds 1.1-3.3x the root's events and
     references (bunny 3.33, happy Buddha 2.89, conference 2.17, armadillo
     1.13) and 0.2-1.1x as many nodes as the root has references; the trees
-    hold 2.0-8.1 nodes and 1.4-6.3 leaf entries per triangle. The buffers
-    are sized to hold all of these in one launch; a build that outgrows
-    them stops and goes on with larger ones (one more launch; the smaller
-    buffers go back to the device first).
+    hold 2.0-8.1 nodes and 1.4-6.3 leaf entries per triangle. The widest
+    levels are deep ones of many small nodes: when the loop defers nodes of
+    up to ``small_refs`` references to the small-node stage, its widest level
+    holds 1.03-1.80x the root's events with ``small_refs=16``, 1.04-1.56x
+    with 32 and 1.03-1.34x with 64 (bunny, happy Buddha, dragon, conference,
+    armadillo; measured on an H100), and the buffers are sized for 1.5x
+    with ``small_refs >= 48``, 2x with fewer (3.5x without deferral). Nodes
+    too: the loop splits only nodes of more than ``small_refs`` references,
+    so a level has at most ``2 * refs / (small_refs + 1)`` nodes, and the
+    loop writes a small part of the tree (0.1-2.3 nodes and 1.3-3.2 leaf
+    entries per root reference; the subtrees write the rest). A build that
+    outgrows them stops and goes on with larger ones (one more launch; the
+    smaller buffers go back to the device first).
 
     Returns
     -------
     cap_events, cap_refs, cap_nodes, cap_tree : int
         Events, references and nodes per level; tree nodes and leaf entries.
     """
-    return (widest_level(num_events) + 4096, widest_level(num_refs) + 1024,
-            5 * num_refs // 4 + 1024, 10 * num_refs + 256)
+    if not small_refs:
+        return (widest_level(num_events) + 4096, widest_level(num_refs) + 1024,
+                5 * num_refs // 4 + 1024, 10 * num_refs + 256)
+    widen = 3 if small_refs >= 48 else 4  # halves
+    cap_refs = widen * num_refs // 2 + 1024
+    return (widen * num_events // 2 + 4096, cap_refs, 2 * cap_refs // (small_refs + 1) + 1024,
+            5 * num_refs + 256)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,19 +75,27 @@ class GpuSettings:
         Stage levels whose arrays all have fewer items run the block-wide
         kernels (one launch for several stages; launch overhead dominates
         them).
-    loop_capacity : callable
+    loop_capacity : callable or None
         ``(num_events, num_refs) -> (cap_events, cap_refs, cap_nodes,
-        cap_tree)``: the first buffers of the level loop
-        (:func:`default_loop_capacity`).
+        cap_tree)``: the first buffers of the level loop; None (the default):
+        :func:`default_loop_capacity` for ``small_refs``
+        (:meth:`loop_capacities`).
     small_refs : int
         A node the level-loop kernel would split that holds at most this
         many references (0 .. ``encoding.SMALL_MAX_REFS``) is deferred, and
         its subtree is built afterwards, one warp per node and one launch per
         level (:mod:`kdtree_gpu.builder.gpu.small`); 0 builds every level in
-        the loop (the default: measured on an H200 the subtree kernel's
-        per-node search, quadratic in the references, costs more than the
-        loop's levels it replaces, 1.1-1.6x the whole build on the bunny,
-        armadillo and conference meshes).
+        the loop. The default, ``SMALL_MAX_REFS`` (64), was measured fastest
+        on an H100 (bunny, happy Buddha, dragon, conference, armadillo:
+        0.80-0.93x the build time with 0; benchmarks/results/small_nodes_*),
+        and it lets the loop's buffers be sized for narrower levels
+        (:func:`default_loop_capacity`).
+    small_min_refs : int
+        Builds (or levels handed back to the level loop) of fewer references
+        defer nothing: the subtree stage costs a launch per level that can
+        exist, and measured on an H100 that outweighs what it saves below
+        tens of thousands of triangles (Cornell box, suzanne, spot: 1.1-1.4x
+        the build time; bunny, 69k: 0.90x).
     small_records : int
         Records of deferred nodes the first buffer holds (0: a quarter of the
         root's references, at least 1024); the loop stops and is launched
@@ -110,16 +132,31 @@ class GpuSettings:
     level_loop: bool = True
     loop_max_events: int = 1 << 23
     small_level: int = 1 << 16
-    loop_capacity: object = default_loop_capacity
-    small_refs: int = 0
+    loop_capacity: object = None
+    small_refs: int = enc.SMALL_MAX_REFS
+    small_min_refs: int = 32768
     small_records: int = 0
     workspace_block: int = 4 << 20
     loop_blocks: int = 0
     clip_segment: int = 8192
     keep_workspace: bool = False
 
+    def small_refs_for(self, num_refs: int) -> int:
+        """``small_refs`` for levels run from a start level of ``num_refs``
+        references: 0 below ``small_min_refs``."""
+        return self.small_refs if num_refs >= self.small_min_refs else 0
+
+    def loop_capacities(self, num_events: int, num_refs: int, small_refs: int) -> tuple:
+        """The level loop's first buffers for a start level of these sizes, deferring
+        nodes of up to ``small_refs`` references: ``(cap_events, cap_refs,
+        cap_nodes, cap_tree)`` (``loop_capacity``)."""
+        if self.loop_capacity is None:
+            return default_loop_capacity(num_events, num_refs, small_refs)
+        return self.loop_capacity(num_events, num_refs)
+
     def __post_init__(self):
-        limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_records": (0, None),
+        limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_min_refs": (0, None),
+                  "small_records": (0, None),
                   "workspace_block": (1, None), "loop_blocks": (0, None),
                   "clip_segment": (0, None)}
         for name, (lo, hi) in limits.items():

@@ -360,10 +360,12 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS) {
                 long long slot = (long long)atomicAdd(
                     (unsigned long long*)&status[KD_LOOP_DEFER_NEXT], 1ull);
+                const long long count = node_ref_offset[i + 1] - node_ref_offset[i];
+                atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_REFS],
+                          (unsigned long long)count);
                 kd_small_write_record(deferred + slot * KD_SMALL_RECORD, (int)(level_base + i),
                                       (int)level, leaf_ref_base + KD_HIGH(s.split_leaf_ex[i]),
-                                      (int)(node_ref_offset[i + 1] - node_ref_offset[i]),
-                                      lo + 3 * i, hi + 3 * i);
+                                      (int)count, lo + 3 * i, hi + 3 * i);
             }
         });
         if (clip) {

@@ -44,55 +44,89 @@ struct KdSmallSplit {
     int side;
 };
 
+// The run-head counts of this lane's candidates on one axis over the node's r
+// references: candidate c is lo (c even) or hi (c odd) of reference c / 2 of
+// the lane's NQ (lo_a, hi_a: the references' bounds on the axis, lane l
+// holding references l + 32 q). n_lo_cl[c]: opens before p in the low 16 bits,
+// closes up to p in the high ones (r <= 64); n_pl[c]: planars at p, counted
+// only when some reference of the node is planar on the axis (PLANAR). The
+// source loop runs over valid references only, and its body is a few
+// instructions: it is the kernel's hot loop.
+template <int NQ, bool PLANAR>
+__device__ __forceinline__ void kd_small_count(const float* lo_a, const float* hi_a, int r,
+                                               int* n_lo_cl, int* n_pl)
+{
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int c = 0; c < 2 * NQ; ++c) n_lo_cl[c] = n_pl[c] = 0;
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+        const int count = min(32, r - 32 * q);
+        for (int src = 0; src < count; ++src) {
+            const float t_lo = __shfl_sync(full, lo_a[q], src);
+            const float t_hi = __shfl_sync(full, hi_a[q], src);
+#pragma unroll
+            for (int c = 0; c < 2 * NQ; ++c) {
+                const float p = c & 1 ? hi_a[c >> 1] : lo_a[c >> 1];
+                n_lo_cl[c] += (t_lo < p ? 1 : 0) + (t_hi <= p ? 0x10000 : 0);
+                if (PLANAR) n_pl[c] += t_lo == t_hi && t_lo == p;
+            }
+        }
+    }
+}
+
 // compute_split_costs and select_best_splits (R4-R8) for one node of r <= 64
 // references, lane l holding references l and l + 32 (tri < 0: none). Every
-// lane of the warp calls it and gets the node's best plane.
+// lane of the warp calls it and gets the node's best plane. The axis loop is
+// not unrolled (the kernel's code must fit the instruction cache: with three
+// copies of the counting loops its warps mostly waited for instructions);
+// values of the axis are picked with selects, not indexed loads.
 __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     const int* tri, const float (*blo)[3], const float (*bhi)[3], int r, const float* nlo,
     const float* nhi, const KdLoopSettings& cfg)
 {
     const unsigned full = 0xffffffffu;
     KdSmallSplit best = {__longlong_as_double(0x7ff0000000000000ll), 3, 0.0f, KD_SIDE_LEFT};
-    double lo_d[3], ext[3];
-    for (int k = 0; k < 3; ++k) {
-        lo_d[k] = (double)nlo[k];
-        ext[k] = __dsub_rn((double)nhi[k], lo_d[k]);
-    }
+    double ext[3];
+    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
     const double area = kd_half_area(ext[0], ext[1], ext[2]);
     const int longest = kd_longest_axis(nlo, nhi, 0);
-#pragma unroll
+    const bool two = r > 32;  // the same in every lane
+#pragma unroll 1
     for (int axis = 0; axis < 3; ++axis) {
         if (cfg.longest_only && axis != longest) continue;
-        // candidate 2q: lo of reference q, 2q + 1: its hi
-        int n_lo[2 * KD_SMALL_PER_LANE], n_pl[2 * KD_SMALL_PER_LANE], n_cl[2 * KD_SMALL_PER_LANE];
-        for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) n_lo[c] = n_pl[c] = n_cl[c] = 0;
+        float lo_a[KD_SMALL_PER_LANE], hi_a[KD_SMALL_PER_LANE];
+        bool planar = false;
+#pragma unroll
         for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
-            for (int src = 0; src < 32; ++src) {
-                if (32 * q + src >= r) break;  // the same in every lane
-                float t_lo = __shfl_sync(full, blo[q][axis], src);
-                float t_hi = __shfl_sync(full, bhi[q][axis], src);
-                bool planar = t_lo == t_hi;
-                for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) {
-                    float p = c & 1 ? bhi[c >> 1][axis] : blo[c >> 1][axis];
-                    n_lo[c] += t_lo < p;
-                    n_pl[c] += planar && t_lo == p;
-                    n_cl[c] += t_hi <= p;
-                }
-            }
+            lo_a[q] = kd_pick3(blo[q], axis);
+            hi_a[q] = kd_pick3(bhi[q], axis);
+            planar |= tri[q] >= 0 && lo_a[q] == hi_a[q];
         }
-        const float lo_k = nlo[axis], hi_k = nhi[axis];
+        planar = __any_sync(full, planar);
+        int n_lo_cl[2 * KD_SMALL_PER_LANE], n_pl[2 * KD_SMALL_PER_LANE];
+        if (two) {
+            if (planar) kd_small_count<2, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            else kd_small_count<2, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+        } else {
+            if (planar) kd_small_count<1, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            else kd_small_count<1, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            n_lo_cl[2] = n_lo_cl[3] = n_pl[2] = n_pl[3] = 0;
+        }
+        const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
+#pragma unroll
         for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) {
-            int q = c >> 1;
+            const int q = c >> 1;
             if (tri[q] < 0) continue;
-            float p = c & 1 ? bhi[q][axis] : blo[q][axis];
-            if ((c & 1) && p == blo[q][axis]) continue;  // planar: one event
+            const float p = c & 1 ? hi_a[q] : lo_a[q];
+            if ((c & 1) && p == lo_a[q]) continue;  // planar: one event
             if (!(p > lo_k && p < hi_k)) continue;
-            long long n_left = n_lo[c], n_planar = n_pl[c];
-            long long n_right = (long long)r - n_cl[c];
+            const long long n_left = n_lo_cl[c] & 0xffff, n_planar = n_pl[c];
+            const long long n_right = (long long)r - (n_lo_cl[c] >> 16);
             int side;
-            double cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
-                                        n_right, cfg.k_traversal, cfg.k_intersect,
-                                        cfg.empty_bonus, &side);
+            const double cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
+                                              n_right, cfg.k_traversal, cfg.k_intersect,
+                                              cfg.empty_bonus, &side);
             if ((unsigned long long)__double_as_longlong(cost) == KD_INF_BITS) continue;
             if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos))
                 best = {cost, axis, p, side};
@@ -119,9 +153,10 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
 // (references); level_count[2 L] is this level's number of records. The
 // host launches it once per possible level with no read in between: a level
 // without nodes returns at once. Tree node pairs and leaf_tris entries come
-// from the counters; when a buffer would overflow, counters[KD_SMALL_OVERFLOW]
-// is set, every later launch returns, and the host runs all levels again with
-// more room (the deferred records and their leaf ranges are only read).
+// from the counters; when a buffer would overflow, its bit (KD_SMALL_FULL_*) is
+// set in counters[KD_SMALL_OVERFLOW], every later launch returns, and the host
+// runs all levels again with more room in the buffers that were full (the
+// deferred records and their leaf ranges are only read).
 extern "C" __global__ void __launch_bounds__(KD_SMALL_BLOCK)
 kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
                      const int* __restrict__ in_rec, const int* __restrict__ in_refs, int roots,
@@ -167,7 +202,7 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
             if (lane == 0) first = atomicAdd(counters + KD_SMALL_LEAVES, (unsigned long long)r);
             first = __shfl_sync(full, first, 0);
             if (first + r > (unsigned long long)leaf_capacity) {
-                if (lane == 0) *overflow = 1;
+                if (lane == 0) atomicOr(counters + KD_SMALL_OVERFLOW, KD_SMALL_FULL_LEAVES);
                 return;
             }
             for (int q = 0; q < KD_SMALL_PER_LANE; ++q)
@@ -211,10 +246,13 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
         child = __shfl_sync(full, child, 0);
         slot = __shfl_sync(full, slot, 0);
         first = __shfl_sync(full, first, 0);
-        if (child + 2 > (unsigned long long)node_capacity
-            || slot + live > (unsigned long long)rec_capacity
-            || first + num_left + num_right > (unsigned long long)ref_capacity) {
-            if (lane == 0) *overflow = 1;
+        const unsigned long long full_bits =
+            (child + 2 > (unsigned long long)node_capacity ? KD_SMALL_FULL_NODES : 0ull)
+            | (slot + live > (unsigned long long)rec_capacity ? KD_SMALL_FULL_RECORDS : 0ull)
+            | (first + num_left + num_right > (unsigned long long)ref_capacity
+                   ? KD_SMALL_FULL_REFS : 0ull);
+        if (full_bits) {
+            if (lane == 0) atomicOr(counters + KD_SMALL_OVERFLOW, full_bits);
             return;
         }
         int l = 0, rr = 0;

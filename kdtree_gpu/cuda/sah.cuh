@@ -35,10 +35,16 @@ __device__ __forceinline__ double kd_plane_cost(const double* ext, double area, 
                                                 long long n_right, double k_traversal,
                                                 double k_intersect, double empty_bonus, int* side)
 {
-    double ext_l[3] = {ext[0], ext[1], ext[2]};
-    double ext_r[3] = {ext[0], ext[1], ext[2]};
-    ext_l[axis] = __dsub_rn((double)p, (double)lo_k);
-    ext_r[axis] = __dsub_rn((double)hi_k, (double)p);
+    // selects, not an indexed store: with an axis known only at run time an
+    // indexed array would live in local memory
+    const double left = __dsub_rn((double)p, (double)lo_k);
+    const double right = __dsub_rn((double)hi_k, (double)p);
+    double ext_l[3], ext_r[3];
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+        ext_l[k] = k == axis ? left : ext[k];
+        ext_r[k] = k == axis ? right : ext[k];
+    }
     double area_l = kd_half_area(ext_l[0], ext_l[1], ext_l[2]);
     double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
     double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,

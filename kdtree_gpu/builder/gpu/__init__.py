@@ -55,6 +55,9 @@ class LoopState:
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
     deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
     num_deferred: int = 0
+    deferred_refs: int = 0  # the deferred nodes' references, all of them
+    # runs of the subtree levels that found buffers full (their SMALL_FULL_* bits)
+    small_runs_full: list = dataclasses.field(default_factory=list)
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
@@ -90,7 +93,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         ran, else "stages"), loop_launches, loop_blocks (the cooperative
         grid of each launch), stage_levels (the levels run with
         one launch per stage), small_subtrees (nodes whose subtree one warp
-        built), depth, num_degenerate, bounds, peak_device_bytes (the most
+        built), small_runs_full (for each run of the subtree levels that
+        found buffers full and ran again, its ``encoding.SMALL_FULL_*``
+        bits), depth, num_degenerate, bounds, peak_device_bytes (the most
         device memory the build held at once, mesh and tree included:
         :class:`.workspace.Workspace`).
 
@@ -146,7 +151,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "loop_blocks": state.loop_blocks,
             "stage_levels": state.stage_levels,
-            "small_subtrees": state.num_deferred, "depth": max(state.level - 1, small_depth),
+            "small_subtrees": state.num_deferred, "small_runs_full": state.small_runs_full,
+            "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate,
             # the workspace's and the caller's pool's high-water mark, and the mesh
             "peak_device_bytes": int(workspace.high_water + V_d.nbytes + F_d.nbytes)}

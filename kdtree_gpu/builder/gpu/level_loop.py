@@ -133,7 +133,8 @@ class LevelBuffers:
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
     """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
-    Small nodes the loop would split are deferred (``settings.small_refs``):
+    Small nodes the loop would split are deferred (``settings.small_refs``,
+    in builds of at least ``settings.small_min_refs`` references):
     written as leaves here, with a record in ``state.deferred`` for
     :func:`.small.build_small_subtrees`.
 
@@ -182,7 +183,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
         if state.events.size > max_events:
             return state  # for the per-stage path
-    cap_e, cap_r, cap_n, cap_tree = settings.loop_capacity(state.events.size, state.refs.size)
+    # the small-node kernel does not clip: with clip=True no node is deferred
+    small = 0 if cfg.clip else settings.small_refs_for(state.refs.size)
+    cap_e, cap_r, cap_n, cap_tree = settings.loop_capacities(state.events.size, state.refs.size,
+                                                             small)
     cap_e = max(state.events.size, min(cap_e, max_events))
     cap_r = max(state.refs.size, min(cap_r, max_events // 3 + 1))
     cap_n = max(state.nodes.size, cap_n)
@@ -192,12 +196,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree,
                 state.level_base, state.leaf_ref_base)
     block_sum = cp.empty(3 * resident, dtype=np.int64)
-    # the small-node kernel does not clip: with clip=True no node is deferred
-    loop_settings = LoopSettings.for_build(cfg, max_depth, 0 if cfg.clip else settings.small_refs,
-                                           max_events, settings.clip_segment)
+    loop_settings = LoopSettings.for_build(cfg, max_depth, small, max_events,
+                                           settings.clip_segment)
     if state.deferred is None:
-        records = settings.small_records or (max(1024, state.refs.size // 4)
-                                             if settings.small_refs else 1)
+        records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
         state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
@@ -211,6 +213,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         status = cp.zeros(enc.LOOP_SLOTS + 3 * (max_depth + 1), dtype=np.int64)
         if state.num_deferred:
             status[enc.LOOP_DEFER_NEXT] = state.num_deferred
+            status[enc.LOOP_DEFER_REFS] = state.deferred_refs
         grid = loop_grid(state.events.size, resident, settings)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, *mesh, state.events.struct(), state.refs.struct(),
@@ -231,6 +234,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         state.level_base = int(record[enc.LOOP_LEVEL_BASE])
         state.leaf_ref_base = int(record[enc.LOOP_LEAF_BASE])
         state.num_deferred = int(record[enc.LOOP_DEFER_NEXT])
+        state.deferred_refs = int(record[enc.LOOP_DEFER_REFS])
         if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
             state.done = True
             return state

@@ -42,20 +42,21 @@ class TreeOutput:
     def leaf_capacity(self) -> int:
         return int(self.leaf.shape[0])
 
-    def _grow(self, arr, need, used):
+    def _grow(self, arr, need, used, exact):
         if need <= arr.shape[0]:
             return arr
-        return grown(self.cp, arr, max(need, 2 * arr.shape[0]),
+        return grown(self.cp, arr, need if exact else max(need, 2 * arr.shape[0]),
                      arr.shape[0] if used is None else used)
 
     def reserve(self, num_nodes: int, num_leaf_refs: int, used_nodes=None,
-                used_leaf_refs=None) -> None:
+                used_leaf_refs=None, exact: bool = False) -> None:
         """Make room for ``num_nodes`` tree nodes and ``num_leaf_refs`` leaf entries,
         keeping the first ``used_nodes`` and ``used_leaf_refs`` written so far
-        (default: all of them)."""
-        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes)
+        (default: all of them). A buffer that must grow is made at least twice
+        as large (growth by doubling), or, ``exact``, just as large as asked."""
+        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes, exact)
                                    for a in self.nodes.args()))
-        self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs)
+        self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs, exact)
 
     def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
         """The tree's device arrays at their exact sizes.

@@ -62,16 +62,18 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     start = np.zeros(enc.SMALL_COUNTERS, dtype=np.int64)
     start[enc.SMALL_NODES], start[enc.SMALL_LEAVES] = state.level_base, state.leaf_ref_base
     levels = max_depth + 1  # every depth a deferred node's descendant can have
-    # The deferred nodes' references are some of the leaf entries written so
-    # far; a level below them seldom holds twice as many, and a node without
-    # references is written as a leaf at once, so most nodes hold two or more.
-    cap_refs = 2 * state.leaf_ref_base + 1024
-    cap_recs = cap_refs // 2 + 1024
-    # Room for the subtrees (a run that overflows is run again): their leaves
-    # hold the deferred references a few times over, and there are about as
-    # many nodes as leaf entries.
-    out.reserve(state.level_base + 4 * state.leaf_ref_base + 1024,
-                4 * state.leaf_ref_base + 1024, state.level_base, state.leaf_ref_base)
+    # Buffers from the deferred nodes' references D (a run that finds one full
+    # runs again with it doubled): a level of the subtrees seldom holds 4 D
+    # references, and a node without references is written as a leaf at
+    # once, so most nodes hold several.
+    deferred = state.deferred_refs
+    cap_refs = 4 * deferred + 1024
+    cap_recs = deferred + 1024
+    # Room for the subtrees, as much as they need: measured on the meshes of
+    # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
+    # entries per deferred reference (the bunny the most)
+    out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
+                state.level_base, state.leaf_ref_base, exact=True)
     while True:
         records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
         refs = cp.empty((2, cap_refs), dtype=np.int32)
@@ -94,11 +96,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                         loop_settings, counters), block=enc.SMALL_BLOCK)
             # one read: the tree's sizes (and whether every buffer had room)
             result = counters.get()
-        if not result[enc.SMALL_OVERFLOW]:
+        full = int(result[enc.SMALL_OVERFLOW])
+        if not full:
             break
-        out.reserve(2 * out.node_capacity, 2 * out.leaf_capacity, state.level_base,
-                    state.leaf_ref_base)
-        cap_recs, cap_refs = 2 * cap_recs, 2 * cap_refs
+        # run again with twice the room in the buffers that were full
+        out.reserve(out.node_capacity * (2 if full & enc.SMALL_FULL_NODES else 1),
+                    out.leaf_capacity * (2 if full & enc.SMALL_FULL_LEAVES else 1),
+                    state.level_base, state.leaf_ref_base)
+        cap_recs *= 2 if full & enc.SMALL_FULL_RECORDS else 1
+        cap_refs *= 2 if full & enc.SMALL_FULL_REFS else 1
+        state.small_runs_full.append(full)
     del records, refs
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
     packed = num_leaf_refs - int(result[enc.SMALL_HOLES])

@@ -19,11 +19,35 @@ from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, grid_soup,
                                        needles_through_clouds, quads, random_scene, soup)
 
 gpu = pytest.mark.gpu
-SMALL = GpuSettings(small_refs=enc.SMALL_MAX_REFS)
+# every build defers small nodes, however small the mesh
+SMALL = GpuSettings(small_refs=enc.SMALL_MAX_REFS, small_min_refs=0)
 
 
-def test_small_node_stage_is_off_by_default():
-    assert GpuSettings().small_refs == 0
+def test_small_node_stage_is_on_by_default():
+    assert GpuSettings().small_refs == enc.SMALL_MAX_REFS
+
+
+def test_default_loop_buffers_are_narrower_with_the_small_node_stage():
+    # deferred small nodes take the widest levels away from the loop
+    settings = GpuSettings()
+    with_stage = settings.loop_capacities(60_000, 10_000, 64)
+    fewer = settings.loop_capacities(60_000, 10_000, 16)
+    without = settings.loop_capacities(60_000, 10_000, 0)
+    assert with_stage == (90_000 + 4096, 15_000 + 1024, 2 * 16_024 // 65 + 1024, 50_256)
+    assert fewer[:3] == (120_000 + 4096, 20_000 + 1024, 2 * 21_024 // 17 + 1024)
+    assert without == (7 * 60_000 // 2 + 4096, 7 * 10_000 // 2 + 1024, 12_500 + 1024, 100_256)
+
+    def mine(num_events, num_refs):
+        return num_events, num_refs, 1, 1
+
+    assert GpuSettings(loop_capacity=mine).loop_capacities(5, 3, 64) == (5, 3, 1, 1)
+
+
+def test_small_builds_defer_nothing():
+    settings = GpuSettings()
+    assert settings.small_refs_for(settings.small_min_refs) == enc.SMALL_MAX_REFS
+    assert settings.small_refs_for(settings.small_min_refs - 1) == 0
+    assert GpuSettings(small_min_refs=0, small_refs=7).small_refs_for(1) == 7
 
 
 @pytest.mark.parametrize("bad", [-1, enc.SMALL_MAX_REFS + 1, True, 2.0])
@@ -52,7 +76,8 @@ def _scene(seed):
 def test_gpu_small_subtrees_equal_reference(seed, small_refs):
     V, F = _scene(seed)
     cfg = CONFIGS[seed % len(CONFIGS)]
-    tree = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(small_refs=small_refs))
+    settings = GpuSettings(small_refs=small_refs, small_min_refs=0)
+    tree = kd.build(V, F, cfg, device="cuda", settings=settings)
     assert_same_tree(cpu_reference.build(V, F, cfg), tree)
     info = tree.build_info
     assert info["level_loop"] == "grid"
@@ -74,7 +99,8 @@ def test_gpu_small_subtrees_run_again_when_the_output_is_full():
 
     rng = np.random.default_rng(11)
     V, F = soup(rng, 3000, scale=0.02)
-    settings = GpuSettings(loop_capacity=tight, small_refs=enc.SMALL_MAX_REFS, small_records=1)
+    settings = GpuSettings(loop_capacity=tight, small_refs=enc.SMALL_MAX_REFS, small_records=1,
+                           small_min_refs=0)
     tree = kd.build(V, F, device="cuda", settings=settings)
     assert tree.build_info["small_subtrees"] > 1
     assert tree.build_info["loop_launches"] > 1
