@@ -95,8 +95,8 @@ class GpuSettings:
         Builds (or levels handed back to the level loop) of fewer references
         defer nothing: the subtree stage costs a launch per level that can
         exist, and measured on an H100 that outweighs what it saves below
-        tens of thousands of triangles (Cornell box, suzanne, spot: 1.1-1.4x
-        the build time; bunny, 69k: 0.90x).
+        tens of thousands of triangles (Cornell box, suzanne, spot: 1.03-1.39x
+        the build time; bunny, 69k: 0.89-0.93x).
     small_records : int
         Records of deferred nodes the first buffer holds (0: a quarter of the
         root's references, at least 1024); the loop stops and is launched
