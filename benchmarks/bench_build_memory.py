@@ -67,7 +67,8 @@ def measure(spec, mesh_dir, repeats):
 
     layout = traversal_layout(tree)
     result = sum(int(tree.device_array(name).nbytes) for name in names) + int(
-        layout.nodes.nbytes) + int(layout.tris.nbytes)
+        layout.nodes.nbytes) + int(layout.tris.nbytes) + int(
+        getattr(layout, "refs", layout.nodes[:0]).nbytes)  # older layouts have no refs
     record = {"mesh": spec, "triangles": n,
               "peak_bytes": int(tree.build_info["peak_device_bytes"]),
               "pool_after_bytes": int(pool.total_bytes() - total0),

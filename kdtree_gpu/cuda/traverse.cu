@@ -12,9 +12,12 @@
 //   nodes   (num_nodes,) int2     packed nodes (kdtree_gpu/encoding.py):
 //                                 .x split bits or leaf count,
 //                                 .y (child_or_offset << KD_PACK_SHIFT) | axis
-//   tris    (3 * num_refs,) float4  three vertices per leaf reference, in
-//                                 leaf_tris order; the first vertex's .w holds
-//                                 the triangle id (int bits)
+//   refs    (num_refs,) int       the leaves' triangles, as rows of tris:
+//                                 leaf k's are refs[offset, offset + count)
+//   tris    (3 * num_packed,) float4  three vertices per triangle, once each
+//                                 however many leaves hold it, in the order of
+//                                 their first reference; the first vertex's
+//                                 .w holds the triangle id (int bits)
 //   KdRays  origins, directions (num_rays, 3) float32; tmin, tmax (num_rays,)
 //           float32 or null, then KdTraceParams.tmin / .tmax hold one value
 //           for every ray
@@ -83,6 +86,7 @@ __device__ __forceinline__ void kd_record_bad_ray(unsigned long long* status, lo
 
 template <bool ANY_HIT, bool COUNT>
 __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
+                                             const int* __restrict__ refs,
                                              const float4* __restrict__ tris,
                                              const KdTraceParams& p, const KdRays& rays,
                                              long long i, unsigned long long* status,
@@ -190,11 +194,24 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
         }
         if (COUNT) ++num_nodes;
 
-        // Test the leaf's triangles against the whole ray interval
-        const int count = nd.x;
-        const float4* tri = tris + 3 * (long long)(nd.y >> KD_PACK_SHIFT);
-        for (int k = 0; k < count; ++k, tri += 3) {
+        // Test the leaf's triangles against the whole ray interval. A leaf
+        // lists rows of tris (4 bytes a reference) and the vertices are kept
+        // once per triangle: a tree holds several references per triangle
+        // (6 on the bunny), so per-reference copies of the vertices would make
+        // the layout 3-5x larger. Rows follow the leaves' order (kd_pack_layout):
+        // a leaf whose triangles are consecutive rows (KD_PACK_LEAF_ROWS: most
+        // leaves of a tree with few references per triangle) names its first
+        // row and needs no list; for the others the next row is loaded before
+        // the current triangle is tested, so its latency overlaps the test.
+        const bool in_rows = (nd.x & KD_PACK_LEAF_ROWS) != 0;
+        const int count = nd.x & (KD_PACK_LEAF_ROWS - 1);
+        const int base = nd.y >> KD_PACK_SHIFT;
+        int next = in_rows ? base : (count > 0 ? __ldg(refs + base) : 0);
+        for (int k = 0; k < count; ++k) {
             if (COUNT) ++num_tests;
+            const int row = next;
+            if (k + 1 < count) next = in_rows ? row + 1 : __ldg(refs + base + k + 1);
+            const float4* tri = tris + 3 * (long long)row;
             const float4 a = __ldg(tri);
             const float4 b = __ldg(tri + 1);
             const float4 c = __ldg(tri + 2);
@@ -234,13 +251,14 @@ __device__ __forceinline__ void kd_trace_ray(const int2* __restrict__ nodes,
 // misses and nothing is recorded.
 template <bool ANY_HIT, bool COUNT>
 __global__ void __launch_bounds__(KD_TRAVERSE_BLOCK)
-kd_trace(const int2* __restrict__ nodes, const float4* __restrict__ tris, KdTraceParams p,
-         KdRays rays, KdHits hits, unsigned long long* status) {
+kd_trace(const int2* __restrict__ nodes, const int* __restrict__ refs,
+         const float4* __restrict__ tris, KdTraceParams p, KdRays rays, KdHits hits,
+         unsigned long long* status) {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= p.num_rays) return;
     float t, u, v;
     int tri, num_nodes, num_tests;
-    kd_trace_ray<ANY_HIT, COUNT>(nodes, tris, p, rays, i, status, t, tri, u, v, num_nodes,
+    kd_trace_ray<ANY_HIT, COUNT>(nodes, refs, tris, p, rays, i, status, t, tri, u, v, num_nodes,
                                  num_tests);
     if (ANY_HIT) {
         hits.hit_any[i] = tri > 0 ? 1 : 0;  // tri: 1 hit, 0 none, KD_NO_HIT a bad ray
@@ -258,29 +276,33 @@ kd_trace(const int2* __restrict__ nodes, const float4* __restrict__ tris, KdTrac
 
 // The four queries (kdtree_gpu/trace/gpu.py looks them up by these names);
 // explicit instances, so that nvcc compiles each of them in CI.
-template __global__ void kd_trace<false, false>(const int2*, const float4*, KdTraceParams, KdRays,
-                                                KdHits, unsigned long long*);
-template __global__ void kd_trace<true, false>(const int2*, const float4*, KdTraceParams, KdRays,
-                                               KdHits, unsigned long long*);
-template __global__ void kd_trace<false, true>(const int2*, const float4*, KdTraceParams, KdRays,
-                                               KdHits, unsigned long long*);
-template __global__ void kd_trace<true, true>(const int2*, const float4*, KdTraceParams, KdRays,
-                                              KdHits, unsigned long long*);
+template __global__ void kd_trace<false, false>(const int2*, const int*, const float4*,
+                                                KdTraceParams, KdRays, KdHits, unsigned long long*);
+template __global__ void kd_trace<true, false>(const int2*, const int*, const float4*,
+                                               KdTraceParams, KdRays, KdHits, unsigned long long*);
+template __global__ void kd_trace<false, true>(const int2*, const int*, const float4*,
+                                               KdTraceParams, KdRays, KdHits, unsigned long long*);
+template __global__ void kd_trace<true, true>(const int2*, const int*, const float4*,
+                                              KdTraceParams, KdRays, KdHits, unsigned long long*);
 
 // --- the traversal layout, packed on the device ------------------------------------
 
-// The whole layout in one launch (a small tree's build pays per launch):
-// thread i packs node i, if there is one, and leaf reference i, if there is one.
-// Node i (encoding.pack_nodes): split bits times the trace scale, or the
-// leaf's triangle count; (child or leaf offset << KD_PACK_SHIFT) | axis.
-// Reference r: the three vertices (times the trace scale) of its triangle,
-// in leaf_tris order; the first vertex's .w holds the triangle id.
-extern "C" __global__ void kd_pack_layout(KdTreeNodes tree, long long num_nodes,
+// Three launches and a scan (trace/gpu.py's pack_layout):
+//   kd_pack_layout      node i packed (encoding.pack_nodes: split bits times
+//                       the trace scale, or the leaf's triangle count;
+//                       (child or leaf offset << KD_PACK_SHIFT) | axis), and
+//                       first[t] = the lowest reference to triangle t;
+//   kd_layout_firsts    first_ref[r] = 1 where reference r is its triangle's first;
+//   (inclusive scan of first_ref: row[r] - 1 is the row of such a reference)
+//   kd_layout_tris      refs[r] = its triangle's row; a first reference packs the
+//                       triangle's vertices (times the scale) into its row; a
+//                       leaf whose references are all first ones (consecutive
+//                       rows) is marked KD_PACK_LEAF_ROWS with its first row.
+// Rows in the order of first references put the triangles of a leaf, and of
+// leaves written side by side, next to each other in memory.
+extern "C" __global__ void kd_pack_layout(KdTreeNodes tree, long long num_nodes, float scale,
                                           const int* __restrict__ leaf_tris, long long num_refs,
-                                          const float* __restrict__ vertices,
-                                          const int* __restrict__ faces, float scale,
-                                          int2* __restrict__ packed_nodes,
-                                          float4* __restrict__ packed_tris)
+                                          int* __restrict__ first, int2* __restrict__ packed_nodes)
 {
     const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < num_nodes) {
@@ -291,15 +313,47 @@ extern "C" __global__ void kd_pack_layout(KdTreeNodes tree, long long num_nodes,
         out.y = (tree.node_child[i] << KD_PACK_SHIFT) | axis;
         packed_nodes[i] = out;
     }
-    if (i < num_refs) {
-        const int t = leaf_tris[i];
-        for (int j = 0; j < 3; ++j) {
-            const long long v = faces[3 * (long long)t + j];
-            float4 out = make_float4(__fmul_rn(vertices[3 * v], scale),
-                                     __fmul_rn(vertices[3 * v + 1], scale),
-                                     __fmul_rn(vertices[3 * v + 2], scale), 0.0f);
-            if (j == 0) out.w = __int_as_float(t);
-            packed_tris[3 * i + j] = out;
-        }
+    if (i < num_refs) atomicMin(first + leaf_tris[i], (int)i);
+}
+
+extern "C" __global__ void kd_layout_firsts(const int* __restrict__ leaf_tris, long long num_refs,
+                                            const int* __restrict__ first,
+                                            long long* __restrict__ first_ref)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < num_refs) first_ref[i] = first[leaf_tris[i]] == i ? 1 : 0;
+}
+
+extern "C" __global__ void kd_layout_tris(KdTreeNodes tree, long long num_nodes,
+                                          const int* __restrict__ leaf_tris, long long num_refs,
+                                          const int* __restrict__ first,
+                                          const long long* __restrict__ row,
+                                          const float* __restrict__ vertices,
+                                          const int* __restrict__ faces, float scale,
+                                          int* __restrict__ refs, int2* __restrict__ packed_nodes,
+                                          float4* __restrict__ packed_tris)
+{
+    const long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < num_nodes && tree.node_axis[i] == KD_AXIS_LEAF) {
+        const long long offset = tree.node_child[i];
+        const int count = tree.node_count[i];
+        // first references among the leaf's: the scan's rise over its range
+        if (count > 0 && row[offset + count - 1] - (offset > 0 ? row[offset - 1] : 0) == count)
+            packed_nodes[i] = make_int2(count | KD_PACK_LEAF_ROWS,
+                                        (int)((row[offset] - 1) << KD_PACK_SHIFT) | KD_AXIS_LEAF);
+    }
+    if (i >= num_refs) return;
+    const int t = leaf_tris[i];
+    const int f = first[t];
+    const long long r = row[f] - 1;
+    refs[i] = (int)r;
+    if (f != i) return;
+    for (int j = 0; j < 3; ++j) {
+        const long long v = faces[3 * (long long)t + j];
+        float4 out = make_float4(__fmul_rn(vertices[3 * v], scale),
+                                 __fmul_rn(vertices[3 * v + 1], scale),
+                                 __fmul_rn(vertices[3 * v + 2], scale), 0.0f);
+        if (j == 0) out.w = __int_as_float(t);
+        packed_tris[3 * r + j] = out;
     }
 }

@@ -10,12 +10,17 @@ The traversal layout of a tree (:class:`TraversalLayout`)
 ---------------------------------------------------------
 ``nodes``  (num_nodes, 2) int32     packed 8-byte nodes (:func:`encoding.pack_nodes`),
                                     one ``int2`` load per node
-``tris``   (3 * num_refs, 4) float32  the three vertices of every leaf
-                                    reference in ``leaf_tris`` order, one
-                                    ``float4`` each, so that a leaf's triangles
-                                    are contiguous 16-byte loads; the first
-                                    vertex's ``w`` holds the triangle id
-Both are packed on the device, in one launch (``kd_pack_layout``):
+``refs``   (num_refs,) int32         the leaves' triangles as rows of ``tris``
+                                    (``leaf_tris`` renumbered)
+``tris``   (3 * rows, 4) float32    the three vertices of every referenced
+                                    triangle, one ``float4`` each (16-byte
+                                    loads), once however many leaves hold it
+                                    (a tree has several references per
+                                    triangle: 6 on the bunny), in the order of
+                                    their first references so that a leaf's
+                                    triangles mostly lie side by side; the
+                                    first vertex's ``w`` holds the triangle id
+All are packed on the device (``kd_pack_layout`` and two more launches):
 the GPU builder packs them as its last step, and a tree that lives elsewhere
 (built on the CPU, loaded from a file) is copied to the device as it is and
 packed there on its first query. Split positions and vertices are stored
@@ -46,6 +51,7 @@ from .. import encoding as enc
 from ..kernels import get_function, get_function_pointer
 from ..launch import DEFAULT_BLOCK, launch
 from ..packed_launch import PackedLaunch
+from ..primitives.scan import inclusive_scan
 from ..mesh import degenerate_mask, validate_mesh
 from ..soa import field_names
 from .scale import trace_scale
@@ -87,7 +93,11 @@ class TraversalLayout:
     Attributes
     ----------
     nodes : (num_nodes, 2) cupy int32
-    tris : (3 * num_refs, 4) cupy float32
+    refs : (num_refs,) cupy int32
+        The leaves' triangles as rows of ``tris``.
+    tris : (3 * rows, 4) cupy float32
+        Rows of the referenced triangles; a tree with degenerate triangles
+        leaves a few rows at the end unused.
     bounds : (2, 3) numpy float32
         The root box (unscaled).
     scale : float
@@ -96,6 +106,7 @@ class TraversalLayout:
     """
 
     nodes: object
+    refs: object
     tris: object
     bounds: np.ndarray
     scale: float
@@ -109,9 +120,9 @@ class TraversalLayout:
         box = dict(lo_x=lo[0], lo_y=lo[1], lo_z=lo[2], hi_x=hi[0], hi_y=hi[1], hi_z=hi[2],
                    scale=self.scale)
         self.fixed = tuple(box[name] for name in _FIXED_FIELDS)
-        # kd_trace's first two parameters
-        self.addresses = (0 if self.nodes is None else self.nodes.data.ptr,
-                          0 if self.tris is None else self.tris.data.ptr)
+        # kd_trace's first three parameters
+        self.addresses = tuple(0 if a is None else a.data.ptr
+                               for a in (self.nodes, self.refs, self.tris))
         # the launch of the common query, these values packed once
         self.launch = _TRACE_LAUNCH.bound((*self.addresses, *self.fixed))
 
@@ -145,20 +156,35 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     from ..builder.soa import TreeNodeSoA  # the builder's, whose package imports this module
 
     num_nodes, num_refs = int(node_axis.shape[0]), int(leaf_tris.shape[0])
+    num_tris = int(faces.shape[0])
     if max(num_nodes, num_refs) > enc.PACK_MAX_INDEX:
         raise ValueError(f"tree too large for the packed traversal layout: {num_nodes} nodes, "
                          f"{num_refs} references (at most {enc.PACK_MAX_INDEX} each)")
     bounds = np.ascontiguousarray(bounds, dtype=np.float32).reshape(2, 3)
     scale = np.float32(trace_scale(bounds))
     nodes = cp.empty((num_nodes, 2), dtype=np.int32)
-    tris = cp.empty((3 * num_refs, 4), dtype=np.float32)
+    # each triangle's lowest reference, then the references that are one,
+    # numbered in order: the rows of the triangles (cuda/traverse.cu)
+    first = cp.empty(num_tris, dtype=np.int32)
+    first.data.memset_async(0x7F, first.nbytes)  # 0x7F7F7F7F: above every reference
     tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    _pack_launch()("pack layout", get_function_pointer(TRAVERSE_SOURCE, "kd_pack_layout"),
+    stream = cp.cuda.get_current_stream().ptr
+    _pack_launch()("pack layout", _traverse_function("kd_pack_layout"),
                    max(num_nodes, num_refs), DEFAULT_BLOCK,
-                   (*tree_nodes.addresses(), num_nodes, leaf_tris.data.ptr, num_refs,
-                    vertices.data.ptr, faces.data.ptr, scale, nodes.data.ptr, tris.data.ptr),
-                   cp.cuda.get_current_stream().ptr)
-    return TraversalLayout(nodes=nodes, tris=tris, bounds=bounds, scale=float(scale),
+                   (*tree_nodes.addresses(), num_nodes, scale, leaf_tris.data.ptr, num_refs,
+                    first.data.ptr, nodes.data.ptr), stream)
+    first_ref = cp.empty(num_refs, dtype=np.int64)
+    launch("mark first references", _traverse_kernel("kd_layout_firsts"), num_refs,
+           (leaf_tris, np.int64(num_refs), first, first_ref))
+    row = inclusive_scan(first_ref, description="number triangle rows")
+    del first_ref
+    refs = cp.empty(num_refs, dtype=np.int32)
+    # every referenced triangle once: at most min(triangles, references) rows
+    tris = cp.empty((3 * min(num_tris, num_refs), 4), dtype=np.float32)
+    launch("pack triangles", _traverse_kernel("kd_layout_tris"), max(num_nodes, num_refs),
+           (tree_nodes.struct(), np.int64(num_nodes), leaf_tris, np.int64(num_refs), first, row,
+            vertices, faces, scale, refs, nodes, tris))
+    return TraversalLayout(nodes=nodes, refs=refs, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
 
 
@@ -295,8 +321,18 @@ def query(tree, origins, directions, tmin: float, tmax: float, any_hit: bool, re
 
 
 def _trace_function(any_hit, counted, device_id=None) -> int:
-    return get_function_pointer(TRAVERSE_SOURCE, _KERNEL_NAMES[any_hit, counted],
-                                name_expressions=_TRACE_NAME_EXPRESSIONS, device_id=device_id)
+    return _traverse_function(_KERNEL_NAMES[any_hit, counted], device_id)
+
+
+# Every kernel of traverse.cu comes from one module (the same name
+# expressions), so that the source is compiled once, not once per lookup style.
+def _traverse_function(name, device_id=None) -> int:
+    return get_function_pointer(TRAVERSE_SOURCE, name, name_expressions=_TRACE_NAME_EXPRESSIONS,
+                                device_id=device_id)
+
+
+def _traverse_kernel(name):
+    return get_function(TRAVERSE_SOURCE, name, name_expressions=_TRACE_NAME_EXPRESSIONS)
 
 
 def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=False):
@@ -549,7 +585,7 @@ def _brute(vertices, faces, origins, directions, tmin, tmax, any_hit):
     bounds = np.stack([corners.min(0), corners.max(0)]) if len(corners) else np.zeros((2, 3))
     scale = np.float32(trace_scale(bounds))
     tris = cupy.asarray(pack_triangles(V * scale, F, tri_ids))
-    layout = TraversalLayout(nodes=None, tris=tris, bounds=bounds, scale=float(scale),
+    layout = TraversalLayout(nodes=None, refs=None, tris=tris, bounds=bounds, scale=float(scale),
                              device_id=cupy.cuda.runtime.getDevice())
     if any_hit:
         hits = HitSoA.of(hit_any=cupy.empty(num_rays, dtype=cupy.bool_))

@@ -78,9 +78,10 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
         refs = cp.empty((2, cap_refs), dtype=np.int32)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
-        counts[0] = num
-        level_count = cp.asarray(counts)
-        counters = cp.asarray(start)
+        counts[0], counts[1] = num, state.deferred_refs
+        # the counters and each level's (records, references), one array: one read
+        sizes = cp.asarray(np.concatenate([start, counts]))
+        counters, level_count = sizes[:enc.SMALL_COUNTERS], sizes[enc.SMALL_COUNTERS:]
         tree_nodes = out.nodes.struct()
         with stage(xp=cp, description="small subtrees"):
             for level in range(levels):
@@ -95,7 +96,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                         np.int64(out.node_capacity), np.int64(out.leaf_capacity),
                         loop_settings, counters), block=enc.SMALL_BLOCK)
             # one read: the tree's sizes (and whether every buffer had room)
-            result = counters.get()
+            result = sizes.get()
         full = int(result[enc.SMALL_OVERFLOW])
         if not full:
             break
@@ -107,6 +108,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         cap_refs *= 2 if full & enc.SMALL_FULL_REFS else 1
         state.small_runs_full.append(full)
     del records, refs
+    level_sizes = result[enc.SMALL_COUNTERS:].reshape(-1, 2)
+    state.small_level_sizes = [tuple(row) for row in level_sizes[:int(np.count_nonzero(
+        level_sizes[:, 0]))].tolist()]
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
     packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
     with stage(xp=cp, description="small subtrees: pack leaves"):

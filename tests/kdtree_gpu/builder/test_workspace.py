@@ -55,7 +55,7 @@ def _result_bytes(tree):
     names = ("node_axis", "node_split", "node_child", "node_count", "leaf_tris", "vertices",
              "faces")
     return sum(int(tree.device_array(name).nbytes) for name in names) + int(
-        layout.nodes.nbytes) + int(layout.tris.nbytes)
+        layout.nodes.nbytes) + int(layout.refs.nbytes) + int(layout.tris.nbytes)
 
 
 @gpu

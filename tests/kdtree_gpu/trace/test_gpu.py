@@ -167,12 +167,13 @@ def test_packed_trace_parameters_are_the_kernel_signature():
     from kdtree_gpu.trace.soa import HitSoA, RaySoA, TraceParams
 
     packed = rg._TRACE_LAUNCH
-    assert packed.parameters == (("nodes", np.uint64), ("tris", np.uint64), ("p", TraceParams),
+    assert packed.parameters == (("nodes", np.uint64), ("refs", np.uint64), ("tris", np.uint64),
+                                 ("p", TraceParams),
                                  ("rays", RaySoA), ("hits", HitSoA), ("status", np.uint64))
-    # the layout the GPU tests ran with: two pointers, the 48-byte parameters
+    # the layout the GPU tests ran with: three pointers, the 48-byte parameters
     # (nine floats, padding, the int64 ray count), 4 + 7 pointers, a pointer
-    assert packed.offsets == (0, 8, 16, 64, 96, 152)
-    assert packed._struct.format == "<QQfffffffffxxxxq" + "Q" * 12
+    assert packed.offsets == (0, 8, 16, 24, 72, 104, 160)
+    assert packed._struct.format == "<QQQfffffffffxxxxq" + "Q" * 12
 
 
 @pytest.mark.skipif(kernels.find_nvcc() is None, reason="nvcc not installed")
@@ -375,14 +376,34 @@ def test_layout_is_packed_on_the_device_once_and_equals_the_host_packing(make_tr
     tree = make_tree(*make_icosphere(1))  # a CPU tree: packed on its first GPU query
     first = rg.traversal_layout(tree)
     assert rg.traversal_layout(tree) is first
-    assert first.nodes.shape == (tree.num_nodes, 2) and first.tris.shape == (3 * tree.num_refs, 4)
+    assert first.nodes.shape == (tree.num_nodes, 2)
     scale = np.float32(trace_scale(tree.bounds))
     assert first.scale == scale
+    # every referenced triangle once, in the order of its first reference
+    _, first_ref = np.unique(tree.leaf_tris, return_index=True)
+    order = tree.leaf_tris[np.sort(first_ref)]
+    assert tree.num_refs > order.size  # some triangles are in several leaves
+    tris = rg.pack_triangles(tree.vertices * scale, tree.faces, order)
+    assert first.tris.shape[0] >= tris.shape[0]
+    assert np.array_equal(first.tris.get()[:tris.shape[0]], tris)
+    row = np.empty(tree.faces.shape[0], dtype=np.int64)
+    row[order] = np.arange(order.size)
+    refs = row[tree.leaf_tris]
+    assert np.array_equal(first.refs.get(), refs)
+    # nodes as the host packs them, except leaves whose rows are consecutive
     split = (tree.node_split * scale).astype(np.float32)
     expected = enc.pack_nodes(tree.node_axis, split, tree.node_child, tree.node_count)
+    is_first = np.zeros(tree.num_refs, dtype=bool)
+    is_first[np.sort(first_ref)] = True
+    in_rows = 0
+    for node in np.flatnonzero(tree.node_axis == enc.AXIS_LEAF):
+        start, count = tree.node_child[node], tree.node_count[node]
+        if count and is_first[start:start + count].all():
+            expected[node] = (count | enc.PACK_LEAF_ROWS,
+                              (refs[start] << enc.PACK_SHIFT) | enc.AXIS_LEAF)
+            in_rows += 1
+    assert 0 < in_rows < np.count_nonzero(tree.node_count)  # both kinds of leaves
     assert np.array_equal(first.nodes.get(), expected)
-    tris = rg.pack_triangles(tree.vertices * scale, tree.faces, tree.leaf_tris)
-    assert np.array_equal(first.tris.get(), tris)
 
 
 @gpu
