@@ -36,10 +36,6 @@ from .root import create_root_events_cuda, prepare_mesh_cuda
 from .small import build_small_subtrees
 from .workspace import Workspace
 
-# deferred references per root reference above which the level loop's cached
-# block goes back before the subtree stage (see build_levels_cuda)
-SUBTREE_TRIM_REFS = 1.25
-
 
 @dataclasses.dataclass
 class LoopState:
@@ -101,8 +97,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         built), small_runs_full (for each run of the subtree levels that
         found buffers full and ran again, its ``encoding.SMALL_FULL_*``
         bits), small_level_sizes (nodes and references of each level of the
-        subtrees, the deferred nodes first), depth, num_degenerate, bounds, peak_device_bytes (the most
-        device memory the build held at once, mesh and tree included:
+        subtrees, the deferred nodes first), depth, num_degenerate, bounds,
+        peak_device_bytes (the most device memory the build held at once,
+        mesh and tree included:
         :class:`.workspace.Workspace`).
 
     Memory: large temporaries come from the build's workspace pool and go
@@ -139,15 +136,6 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             state = build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
                                        (V_d, F_d))
         state.events = state.refs = state.nodes = None
-        if state.deferred_refs > SUBTREE_TRIM_REFS * num_root:
-            # The subtrees' buffers and the tree's room grow with the deferred
-            # references; where they are many, they would be made beside the
-            # loop's cached block: give it back first. Measured on an H100
-            # (peak B/tri, build ms): bunny (1.55 deferred references per
-            # triangle) 809 -> 652 at about the same time, conference (2.0)
-            # 729 -> 659 for +0.5-1.1 ms; armadillo (1.07) would save 2% for
-            # +0.7-1.0 ms, so smaller shares keep the block.
-            workspace.end_phase()
         small_depth = build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
                                            settings)
         del tri_lo, tri_hi

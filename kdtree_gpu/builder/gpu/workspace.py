@@ -175,15 +175,6 @@ class Workspace:
         self.sample()
         self.pool.free_all_blocks()
 
-    def end_phase(self) -> None:
-        """A phase of the build (the level loop) ended: the blocks it left cached
-        are of other sizes than the next phase's arrays, which would be made
-        beside them. Give them back, unless the workspace is kept between
-        builds (then they serve the next build's same phase). It costs the
-        next phase fresh allocations (about a millisecond on mid-size meshes)."""
-        if not self.keep:
-            self.trim()
-
     def begin_level(self, num_items: int) -> None:
         """A level of ``num_items`` elements (events) begins.
 
