@@ -27,11 +27,6 @@ word 0: interior: split position (float32 bits); leaf: triangle count (int32)
 word 1: ``(index << PACK_SHIFT) | axis`` with axis 0..2 for an interior node
         (index = left child) and ``AXIS_LEAF`` for a leaf (index = offset into
         ``leaf_tris``). Indices must stay below ``PACK_MAX_INDEX``.
-
-The GPU layout (``trace/gpu.py``) also marks a leaf whose triangles are
-consecutive rows of its triangle array: ``PACK_LEAF_ROWS`` set in word 0 (with
-the count) and the first row as word 1's index, so that the kernel reads the
-rows without the leaf's list.
 """
 
 from __future__ import annotations
@@ -66,7 +61,6 @@ CLASS_BOTH = CLASS_LEFT | CLASS_RIGHT
 PACK_SHIFT = 2
 PACK_AXIS_MASK = (1 << PACK_SHIFT) - 1
 PACK_MAX_INDEX = (1 << (31 - PACK_SHIFT)) - 1
-PACK_LEAF_ROWS = 1 << 30  # GPU layout: the leaf's triangles are rows index .. index + count - 1
 
 # --- status record of the level loop kernel (build.gpu.level_loop) --------
 # Slots of the int64 record the kernel leaves behind; the per-level sizes

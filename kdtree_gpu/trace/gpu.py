@@ -181,9 +181,8 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     refs = cp.empty(num_refs, dtype=np.int32)
     # every referenced triangle once: at most min(triangles, references) rows
     tris = cp.empty((3 * min(num_tris, num_refs), 4), dtype=np.float32)
-    launch("pack triangles", _traverse_kernel("kd_layout_tris"), max(num_nodes, num_refs),
-           (tree_nodes.struct(), np.int64(num_nodes), leaf_tris, np.int64(num_refs), first, row,
-            vertices, faces, scale, refs, nodes, tris))
+    launch("pack triangles", _traverse_kernel("kd_layout_tris"), num_refs,
+           (leaf_tris, np.int64(num_refs), first, row, vertices, faces, scale, refs, tris))
     return TraversalLayout(nodes=nodes, refs=refs, tris=tris, bounds=bounds, scale=float(scale),
                            device_id=cp.cuda.runtime.getDevice())
 
