@@ -110,8 +110,8 @@ def markdown(result):
     cols = ["mesh", "triangles", "peak", "pool after", "workspace after", "device after",
             "result", "build ms", "loop launches", "kept: build ms", "kept: held"]
     if result.get("baseline"):
-        cols += ["before: peak", "before: pool after", "before: device after", "before: build ms",
-                 "peak before/after"]
+        cols += ["before: peak", "before: pool after", "before: device after", "before: result",
+                 "before: build ms", "peak before/after"]
     cols += ["OptiX GAS"]
     lines += md_head(*cols)
 
@@ -132,10 +132,10 @@ def markdown(result):
         if result.get("baseline"):
             if base and "error" not in base:
                 row += [per(base, "peak_bytes"), per(base, "pool_after_bytes"),
-                        per(base, "device_after_bytes"), f"{base['build_ms']:.2f}",
-                        f"{base['peak_bytes'] / rec['peak_bytes']:.2f}"]
+                        per(base, "device_after_bytes"), per(base, "result_bytes"),
+                        f"{base['build_ms']:.2f}", f"{base['peak_bytes'] / rec['peak_bytes']:.2f}"]
             else:
-                row += ["-"] * 5
+                row += ["-"] * 6
         gas = optix.get(rec["mesh"])
         row.append(f"{gas['gas_mb'] * 1e6 / rec['triangles']:,.0f}" if gas else "-")
         lines.append(md_row(*row))

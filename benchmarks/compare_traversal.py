@@ -29,14 +29,14 @@ def rows(run: dict) -> dict:
     return {(m["mesh"], name): rec for m in run["meshes"] for name, rec in m["ours"].items()}
 
 
-def table(before: dict, after: dict, labels: tuple) -> list:
+def table(before: dict, after: dict, labels: tuple, note: str = "") -> list:
     lines = [f"# Traversal before / after on {after['device']}", "",
              f"before = `{labels[0]}` ({before['date']}), after = `{labels[1]}` ({after['date']}), "
              f"same machine, one run each, {after['width']}x{after['height']} rays per set "
              f"(`bench_traversal.py --no-peers`; closest hit for primary and diffuse rays, any hit "
              f"for shadow rays). Mrays/s: kernel alone (its launch prepared in advance) and the "
              f"API's queued calls (`tree.intersect` / `tree.occluded` on CuPy arrays). Compared "
-             f"with `python benchmarks/compare_traversal.py`.", "",
+             f"with `python benchmarks/compare_traversal.py`." + (f" {note}" if note else ""), "",
              "| mesh | rays | kernel before | kernel after | after / before | API before | "
              "API after | after / before | tris tested per ray |",
              "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -62,6 +62,7 @@ def main(argv=None) -> None:
     parser.add_argument("--after-label", required=True)
     parser.add_argument("--out", default="benchmarks/results")
     parser.add_argument("--stem", default="traversal_compare")
+    parser.add_argument("--note", default="", help="a sentence added to the table's header")
     args = parser.parse_args(argv)
     before = json.loads(Path(args.before).read_text())
     after = json.loads(Path(args.after).read_text())
@@ -73,9 +74,11 @@ def main(argv=None) -> None:
     stem = f"{args.stem}_{gpu_slug(after['device'])}"
     (out / f"{stem}.json").write_text(json.dumps(
         {"device": after["device"], "date": utc_now(), "before_label": labels[0],
-         "after_label": labels[1], "before": before, "after": after}, indent=1) + "\n")
-    (out / f"{stem}.md").write_text("\n".join(table(before, after, labels)) + "\n")
-    print("\n".join(table(before, after, labels)))
+         "after_label": labels[1], "note": args.note, "before": before, "after": after},
+        indent=1) + "\n")
+    lines = table(before, after, labels, args.note)
+    (out / f"{stem}.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
 
 
 if __name__ == "__main__":
