@@ -168,11 +168,10 @@ def pack_layout(cp, node_axis, node_split, node_child, node_count, leaf_tris, ve
     first = cp.empty(num_tris, dtype=np.int32)
     first.data.memset_async(0x7F, first.nbytes)  # 0x7F7F7F7F: above every reference
     tree_nodes = TreeNodeSoA(node_axis, node_split, node_child, node_count)
-    stream = cp.cuda.get_current_stream().ptr
     _pack_launch()("pack layout", _traverse_function("kd_pack_layout"),
                    max(num_nodes, num_refs), DEFAULT_BLOCK,
                    (*tree_nodes.addresses(), num_nodes, scale, leaf_tris.data.ptr, num_refs,
-                    first.data.ptr, nodes.data.ptr), stream)
+                    first.data.ptr, nodes.data.ptr), cp.cuda.get_current_stream().ptr)
     first_ref = cp.empty(num_refs, dtype=np.int64)
     launch("mark first references", _traverse_kernel("kd_layout_firsts"), num_refs,
            (leaf_tris, np.int64(num_refs), first, first_ref))
@@ -533,8 +532,10 @@ def pack_triangles(vertices, faces, tri_ids) -> np.ndarray:
     vertices : (num_vertices, 3) float32
     faces : (num_triangles, 3) int32
     tri_ids : (k,) int32
-        Triangles to pack, in the order the kernels will read them (a tree's
-        ``leaf_tris``, or ascending ids for the brute force).
+        Triangles to pack, in the order the kernels will read them (ascending
+        ids for the brute force; a tree's triangles in the order of their first
+        leaf reference are its traversal layout's ``tris``, which
+        :func:`pack_layout` packs on the device).
 
     Returns
     -------

@@ -78,7 +78,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
         refs = cp.empty((2, cap_refs), dtype=np.int32)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
-        counts[0], counts[1] = num, state.deferred_refs
+        counts[0], counts[1] = num, deferred
         # the counters and each level's (records, references), one array: one read
         sizes = cp.asarray(np.concatenate([start, counts]))
         counters, level_count = sizes[:enc.SMALL_COUNTERS], sizes[enc.SMALL_COUNTERS:]
