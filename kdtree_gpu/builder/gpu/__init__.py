@@ -29,10 +29,10 @@ from ...launch import stage
 from ...trace.gpu import pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
-from .level_loop import build_levels_grid, level_loop_kernel
+from .level_loop import build_levels_grid, level_loop_kernel, root_loop_buffers
 from .level_stages import build_level_stages
 from .output import TreeOutput
-from .root import create_root_events_cuda, prepare_mesh_cuda
+from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
 from .small import build_small_subtrees
 from .workspace import Workspace
 
@@ -59,6 +59,8 @@ class LoopState:
     # runs of the subtree levels that found buffers full (their SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
+    # the level loop's first buffers when the start level was decoded into them
+    buffers: object = None
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
@@ -116,15 +118,25 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                 prepare_mesh_cuda(cp, V_d, F_d)
         num_root = refs.size
         max_depth = cfg.resolved_max_depth(num_root)
-        with stage(xp=cp, description="create_root_events"):
-            events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar)
-        state = LoopState(events, refs, nodes, workspace=workspace)
-        del events, refs, nodes  # the state holds the root level while it is needed
         grid_loop = None
         if loop == "grid" and settings.level_loop:
             grid_loop = level_loop_kernel(cp, cfg.clip)
+        # The root events go straight into the level loop's buffers when it runs from the root.
+        first = None
+        if grid_loop is not None:
+            first = root_loop_buffers(cp, cfg, settings, root_event_count(num_root, planar),
+                                      num_root)
+        with stage(xp=cp, description="create_root_events"):
+            events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
+                                             out=first and first[1])
+        state = LoopState(events, refs, nodes, workspace=workspace,
+                          buffers=first and first[0])
+        del events, refs, nodes, first  # the state holds the root level while it is needed
         # grown as levels are written (the level loop reserves its share up front)
-        out = TreeOutput(cp)
+        # Pooled in builds that defer small nodes: the subtree stage grows the tree
+        # after the level loop freed its block (smaller trees: the caller's
+        # allocator, whose small buffers the finished tree may keep as views).
+        out = TreeOutput(cp, pooled=bool(settings.small_refs_for(num_root)))
         while not state.done:
             if grid_loop is not None and state.events.size <= settings.loop_max_events:
                 state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
@@ -140,6 +152,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                            settings)
         del tri_lo, tri_hi
         state.deferred = None  # in the workspace: it must be free when the workspace is given back
+        workspace.give_back_unused()
         with stage(xp=cp, description="finish tree"), workspace.outputs():
             arrays = out.finish(state.level_base, state.leaf_ref_base,
                                 keep_below=workspace.min_block)

@@ -130,6 +130,70 @@ class LevelBuffers:
                         nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
 
 
+def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int):
+    """How the level loop runs from a start level of these sizes.
+
+    Returns
+    -------
+    (max_events, small, capacities) or None
+        The most events a level of the loop may hold, the deferral bound
+        ``small_refs`` (0: none), and the first buffers' ``(cap_events,
+        cap_refs, cap_nodes, cap_new, cap_tree)``; None when the level is
+        for the per-stage path (with perfect splits, more events than a new
+        event's key can number).
+    """
+    max_events = settings.loop_max_events
+    if cfg.clip:
+        # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
+        # and a level has at most a third as many references as events
+        max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
+        if num_events > max_events:
+            return None
+    # the small-node kernel does not clip: with clip=True no node is deferred
+    small = 0 if cfg.clip else settings.small_refs_for(num_refs)
+    cap_e, cap_r, cap_n, cap_tree = settings.loop_capacities(num_events, num_refs, small)
+    cap_e = max(num_events, min(cap_e, max_events))
+    cap_r = max(num_refs, min(cap_r, max_events // 3 + 1))
+    cap_n = max(num_nodes, cap_n)
+    # new events of clipped references (measured with the NumPy pipeline: up to
+    # 31% of a level's kept events on suzanne, 35% on the bunny)
+    cap_new = cap_e // 2 + 1024 if cfg.clip else 0
+    return max_events, small, (cap_e, cap_r, cap_n, cap_new, cap_tree)
+
+
+def restart_capacity(need: int, fresh: int, limit: int = 0) -> int:
+    """Rows of a buffer of a loop launched again from a level that needs ``need``.
+
+    What a loop started from that level would get (``fresh``, the first
+    buffers' policy), at least the need and at most twice it (the policy
+    before: twice the need, which made the second block the peak of a
+    1.38M-triangle build on an H100, 680 of its 1,089 bytes per triangle).
+    """
+    cap = max(need, min(2 * need, fresh))
+    return min(cap, limit) if limit else cap
+
+
+def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
+    """The level loop's first buffers, made before the root events exist, so that
+    they are decoded straight into its second slot (the first level writes
+    its children to the first) rather than into arrays of their own beside
+    it (measured on an H100: 78 bytes per triangle of the bunny's peak).
+
+    Returns
+    -------
+    (LevelBuffers, EventSoA) or None
+        The buffers and the views the root events go to; None when the loop
+        will not run from the root.
+    """
+    if num_events > settings.loop_max_events:
+        return None
+    plan = loop_plan(cfg, settings, num_events, num_refs, 1)
+    if plan is None:
+        return None
+    buffers = LevelBuffers(cp, *plan[2][:4])
+    return buffers, buffers.level(1, 1, num_refs, num_events)[0]
+
+
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
     """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
@@ -176,23 +240,13 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         # Blocks cached from larger levels run by stages cannot hold the
         # loop's one block: give them back before it is made.
         workspace.trim()
-    max_events = settings.loop_max_events
-    if cfg.clip:
-        # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
-        # and a level has at most a third as many references as events
-        max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
-        if state.events.size > max_events:
-            return state  # for the per-stage path
-    # the small-node kernel does not clip: with clip=True no node is deferred
-    small = 0 if cfg.clip else settings.small_refs_for(state.refs.size)
-    cap_e, cap_r, cap_n, cap_tree = settings.loop_capacities(state.events.size, state.refs.size,
-                                                             small)
-    cap_e = max(state.events.size, min(cap_e, max_events))
-    cap_r = max(state.refs.size, min(cap_r, max_events // 3 + 1))
-    cap_n = max(state.nodes.size, cap_n)
-    # new events of clipped references (measured with the NumPy pipeline: up to
-    # 31% of a level's kept events on suzanne, 35% on the bunny)
-    cap_new = cap_e // 2 + 1024 if cfg.clip else 0
+    plan = loop_plan(cfg, settings, state.events.size, state.refs.size, state.nodes.size)
+    if plan is None:
+        return state  # for the per-stage path
+    max_events, small, (cap_e, cap_r, cap_n, cap_new, cap_tree) = plan
+    # the root's buffers, made before its events were decoded into them
+    buffers, state.buffers = state.buffers, None
+    start_in_buffers = buffers is not None
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_tree,
                 state.level_base, state.leaf_ref_base)
     block_sum = cp.empty(3 * resident, dtype=np.int64)
@@ -200,9 +254,11 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                                            settings.clip_segment)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
-        state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
+        with out.allocating():
+            state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
-        buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
+        if buffers is None:
+            buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
         start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
                            num_events=state.events.size, level=state.level,
                            level_base=state.level_base, leaf_ref_base=state.leaf_ref_base)
@@ -238,23 +294,29 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
             state.done = True
             return state
-        # Stopped at a level: go on from it with buffers twice what it needs.
-        # The level is copied out, so that the old block goes back to the
-        # device before the larger one is made.
+        # Stopped at a level: go on from it with larger buffers. The level is
+        # copied out (also a start level that lives in them), so that the old
+        # block goes back to the device before the larger one is made.
         slot = int(record[enc.LOOP_BUFFER])
+        views = None
         if slot >= 0:
             views = buffers.level(
                 slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
+        elif start_in_buffers:
+            views = (state.events, state.refs, state.nodes)
+        if views is not None:
             state.events, state.refs, state.nodes = (type(v)(*(a.copy() for a in v.args()))
                                                      for v in views)
             del views
-        buffers = None
+        buffers, start_in_buffers = None, False
         need_events = int(record[enc.LOOP_NEED_EVENTS])
         if need_events > max_events or record[enc.LOOP_NEED_STAGES]:
             return state
-        cap_e = max(cap_e, min(2 * need_events, max_events))
-        cap_r = max(cap_r, 2 * int(record[enc.LOOP_NEED_REFS]))
-        cap_n = max(cap_n, 2 * int(record[enc.LOOP_NEED_NODES]))
+        need_refs, need_nodes = int(record[enc.LOOP_NEED_REFS]), int(record[enc.LOOP_NEED_NODES])
+        policy = settings.loop_capacities(need_events, need_refs, small)
+        cap_e = max(cap_e, restart_capacity(need_events, policy[0], max_events))
+        cap_r = max(cap_r, restart_capacity(need_refs, policy[1]))
+        cap_n = max(cap_n, restart_capacity(need_nodes, policy[2]))
         if cfg.clip:
             cap_new = max(cap_new, 2 * int(record[enc.LOOP_NEED_NEW_EVENTS]))
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
@@ -262,5 +324,6 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
-            state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
+            with out.allocating():
+                state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
         workspace.trim()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
+from .workspace import pooled
 
 
 # bytes a finished tree array may hold beyond its size instead of being copied
@@ -27,12 +28,25 @@ def grown(xp, arr, rows: int, keep: int):
 
 
 class TreeOutput:
-    """Device node arrays (a :class:`TreeNodeSoA`) and the leaf list, grown by doubling."""
+    """Device node arrays (a :class:`TreeNodeSoA`) and the leaf list, grown by doubling.
 
-    def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0):
+    ``pooled``: every buffer comes from the build's workspace pool, whatever
+    its size (:func:`.workspace.pooled`), cut from the blocks the build freed
+    before it grew; :meth:`finish` then copies the tree out of them. Else
+    small buffers are the caller's, and a finished small tree may be a view.
+    """
+
+    def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0,
+                 pooled: bool = False):
         self.cp = cp
-        self.nodes = TreeNodeSoA.allocate(cp, node_capacity)
-        self.leaf = cp.empty(leaf_capacity, dtype=enc.LEAF_TRIS_DTYPE)
+        self.pooled = bool(pooled)
+        with self.allocating():
+            self.nodes = TreeNodeSoA.allocate(cp, node_capacity)
+            self.leaf = cp.empty(leaf_capacity, dtype=enc.LEAF_TRIS_DTYPE)
+
+    def allocating(self):
+        """The context the output's buffers are made in (the workspace pool when pooled)."""
+        return pooled(self.pooled)
 
     @property
     def node_capacity(self) -> int:
@@ -54,19 +68,21 @@ class TreeOutput:
         keeping the first ``used_nodes`` and ``used_leaf_refs`` written so far
         (default: all of them). A buffer that must grow is made at least twice
         as large (growth by doubling), or, ``exact``, just as large as asked."""
-        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes, exact)
-                                   for a in self.nodes.args()))
-        self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs, exact)
+        with self.allocating():
+            self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes, exact)
+                                       for a in self.nodes.args()))
+            self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs, exact)
 
     def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
         """The tree's device arrays at their exact sizes.
 
         Each is a copy made with the current allocator (the caller's), so
         that the buffers can go back with the build's workspace; except
-        that a buffer of fewer than ``keep_below`` bytes (the caller's
-        allocator made it, not the workspace) that is at most
-        :data:`VIEW_SLACK` bytes longer than the tree is returned as a
-        view: a small build saves five copies and holds a few kilobytes more.
+        that, when the output is not pooled, a buffer of fewer than
+        ``keep_below`` bytes (the caller's allocator made it, not the
+        workspace) that is at most :data:`VIEW_SLACK` bytes longer than the
+        tree is returned as a view: a small build saves five copies and
+        holds a few kilobytes more.
 
         Returns
         -------
@@ -74,6 +90,9 @@ class TreeOutput:
             node_axis, node_split, node_child, node_count (num_nodes,) and
             leaf_tris (num_leaf_refs,), CuPy arrays.
         """
+        if self.pooled:
+            keep_below = 0  # every buffer is the workspace's
+
         def cut(a, n):
             if a.nbytes < keep_below and a.nbytes - n * a.itemsize <= VIEW_SLACK:
                 return a[:n]

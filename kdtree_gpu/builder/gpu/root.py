@@ -142,7 +142,12 @@ def prepare_mesh_cuda(cp, V, F):
     return V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid
 
 
-def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
+def root_event_count(num_refs: int, planar) -> int:
+    """Events of the root level: two per reference and axis, one where it is flat."""
+    return sum(2 * int(num_refs) - int(p) for p in planar)
+
+
+def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None) -> EventSoA:
     """Rule R3 on the device: one key per event, one radix sort, decode.
 
     Parameters
@@ -151,6 +156,9 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
     ref_tri : (num_refs,) int32 (device)
     planar : (3,) int (host)
         From :func:`prepare_mesh_cuda`.
+    out : EventSoA, optional
+        Where to decode the events (:func:`root_event_count` rows; the level
+        loop's buffers); by default new arrays.
 
     Returns
     -------
@@ -161,13 +169,16 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar) -> EventSoA:
     keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
     launch("create_root_events: keys", get_function(_SOURCE, "kd_root_event_keys"), num_refs,
            (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
-    total = sum(2 * num_refs - int(p) for p in planar)
+    total = root_event_count(num_refs, planar)
     with stage(xp=cp, description="create_root_events: sort"):
         # Keys are unique and start with the axis, so one sort gives rule R3's
         # order on every axis; planar triangles' unused slots hold the largest
-        # key and sort after all real events.
-        sorted_keys = cp.sort(keys)
-    events = EventSoA.allocate(cp, total)
+        # key and sort after all real events. In place: cupy.sort would copy
+        # the keys first, a third buffer of 8 bytes per event beside the
+        # keys and the sort's own (measured 48 bytes per triangle of the
+        # build's peak on the bunny).
+        keys.sort()
+    events = EventSoA.allocate(cp, total) if out is None else out
     launch("create_root_events: decode", get_function(_SOURCE, "kd_root_events_decode"), total,
-           (sorted_keys, np.int64(total), events.struct()))
+           (keys, np.int64(total), events.struct()))
     return events

@@ -63,20 +63,23 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     start[enc.SMALL_NODES], start[enc.SMALL_LEAVES] = state.level_base, state.leaf_ref_base
     levels = max_depth + 1  # every depth a deferred node's descendant can have
     # Buffers from the deferred nodes' references D (a run that finds one full
-    # runs again with it doubled): a level of the subtrees seldom holds 4 D
-    # references, and a node without references is written as a leaf at
-    # once, so most nodes hold several.
+    # runs again with it doubled). Measured on an H100 (bunny, happy Buddha,
+    # conference, armadillo and armadillo subdivided once), the widest level
+    # of the subtrees holds 1.06-2.31 D references and 0.12-0.63 D nodes (a
+    # node without references is written as a leaf at once, so most nodes
+    # hold several): room for 3 D and 0.75 D.
     deferred = state.deferred_refs
-    cap_refs = 4 * deferred + 1024
-    cap_recs = deferred + 1024
+    cap_refs = 3 * deferred + 1024
+    cap_recs = 3 * deferred // 4 + 1024
     # Room for the subtrees, as much as they need: measured on the meshes of
     # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
     # entries per deferred reference (the bunny the most)
     out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
                 state.level_base, state.leaf_ref_base, exact=True)
     while True:
-        records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
-        refs = cp.empty((2, cap_refs), dtype=np.int32)
+        with out.allocating():  # cut from the level loop's freed block, as the tree's growth
+            records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
+            refs = cp.empty((2, cap_refs), dtype=np.int32)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
         counts[0], counts[1] = num, deferred
         # the counters and each level's (records, references), one array: one read
@@ -113,7 +116,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         level_sizes[:, 0]))].tolist()]
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
     packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
-    with stage(xp=cp, description="small subtrees: pack leaves"):
+    with stage(xp=cp, description="small subtrees: pack leaves"), out.allocating():
         out.leaf = pack_leaves(cp, out, num_nodes, packed)
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(result[enc.SMALL_DEPTH])

@@ -74,6 +74,23 @@ def lasting():
     return workspace.outputs() if workspace is not None else contextlib.nullcontext()
 
 
+def pooled(enabled: bool = True):
+    """A context in which the running build's allocations of every size come from
+    its workspace pool (``enabled``), else nothing changes.
+
+    For buffers made after larger ones were freed (the tree's growing
+    output, the subtree stage's buffers): from the pool they are cut from
+    those cached blocks, where the caller's allocator would add fresh memory
+    beside them (measured on an H100: 210 bytes per triangle of the bunny's
+    peak, whose buffers are all below ``min_block``). What outlives the
+    build must then be copied out of them (:meth:`TreeOutput.finish`).
+    """
+    workspace = getattr(_active, "workspace", None)
+    if workspace is None or not enabled:
+        return contextlib.nullcontext()
+    return workspace.every_size()
+
+
 def release_cached() -> None:
     """Give every workspace pool's unused blocks back to the device (after an error)."""
     import cupy
@@ -115,9 +132,10 @@ class Workspace:
         self.high_water = 0
         self._context = None
         self._level_class = 0
+        self._every_size = 0  # depth of every_size() contexts
 
     def _malloc(self, size: int):
-        if size < self.min_block:
+        if size < self.min_block and not self._every_size:
             return self.user(size)
         size = size_class(size)
         limit = self.user_pool.get_limit() if self.user_pool is not None else 0
@@ -154,6 +172,15 @@ class Workspace:
             self.trim()
         return False
 
+    @contextlib.contextmanager
+    def every_size(self):
+        """A context in which allocations of every size come from the workspace pool."""
+        self._every_size += 1
+        try:
+            yield self
+        finally:
+            self._every_size -= 1
+
     def outputs(self):
         """A context in which allocations are the caller's (what the build returns)."""
         return self.cp.cuda.using_allocator(self.user)
@@ -174,6 +201,18 @@ class Workspace:
         """Give the workspace's unused blocks back to the device (synchronizes)."""
         self.sample()
         self.pool.free_all_blocks()
+
+    def give_back_unused(self) -> None:
+        """Give the unused blocks back now, unless the build keeps them (``keep``).
+
+        Called before the finished tree is copied out of the build's
+        buffers: the copies would otherwise sit beside every block the
+        build cached on its way (measured on an H100: the end of the build
+        was the bunny's peak, 809 bytes per triangle). The blocks go back at
+        the end anyway; this gives them back one step earlier.
+        """
+        if not self.keep:
+            self.trim()
 
     def begin_level(self, num_items: int) -> None:
         """A level of ``num_items`` elements (events) begins.

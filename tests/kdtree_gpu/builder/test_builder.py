@@ -253,6 +253,35 @@ def test_gpu_level_loop_grid_does_not_change_the_tree(blocks, scene, mesh_path):
         assert grids[0] == level_loop.loop_grid(root_events, resident, settings) < resident
 
 
+def test_a_relaunched_loop_gets_what_a_loop_from_its_level_would_get_within_twice_the_need():
+    need = 1000
+    assert level_loop.restart_capacity(need, 1500 + 4096) == 2 * need  # at most twice the need
+    assert level_loop.restart_capacity(need, 1200) == 1200  # the first buffers' policy
+    assert level_loop.restart_capacity(need, 10) == need  # a tight policy: the need itself
+    assert level_loop.restart_capacity(need, 1800, limit=1100) == 1100  # the loop's event limit
+    # the policy of the first buffers, from a level as large as the need
+    settings = GpuSettings()
+    small = settings.small_refs_for(10 ** 6)
+    fresh = settings.loop_capacities(10 ** 6, 2 * 10 ** 5, small)
+    assert level_loop.restart_capacity(10 ** 6, fresh[0]) == 3 * 10 ** 6 // 2 + 4096
+
+
+def test_the_loop_plan_matches_the_first_buffers_of_a_root_level():
+    cfg = SAHConfig()
+    settings = GpuSettings()
+    max_events, small, caps = level_loop.loop_plan(cfg, settings, 600_000, 100_000, 1)
+    assert max_events == settings.loop_max_events and small == settings.small_refs
+    cap_e, cap_r, cap_n, cap_new, cap_tree = caps
+    assert (cap_e, cap_r, cap_n, cap_tree) == settings.loop_capacities(600_000, 100_000, small)
+    assert cap_new == 0
+    # perfect splits: room for new events, no deferral, and a root too large for
+    # a new event's key goes to the per-stage path
+    clip = SAHConfig(clip=True)
+    _, small, caps = level_loop.loop_plan(clip, settings, 6000, 1000, 1)
+    assert small == 0 and caps[3] == caps[0] // 2 + 1024
+    assert level_loop.loop_plan(clip, GpuSettings(loop_max_events=1 << 40), 1 << 33, 1, 1) is None
+
+
 def test_loop_grid_from_the_start_level():
     per_block = kd.encoding.LOOP_BLOCK * level_loop.LOOP_EVENTS_PER_THREAD
     auto = GpuSettings()

@@ -59,6 +59,16 @@ def test_small_buffers_finish_as_views_and_large_ones_as_copies():
     assert np.array_equal(arrays["leaf_tris"], np.arange(999) * 3)
 
 
+def test_a_pooled_output_always_finishes_as_copies():
+    # its buffers are the build's workspace, which goes back when the build ends
+    out = TreeOutput(np, 1000, 1000, pooled=True)
+    _fill(out, 990, 999)
+    buffers = [*out.nodes.args(), out.leaf]
+    arrays = out.finish(990, 999, keep_below=1 << 20)
+    assert not any(np.shares_memory(a, b) for a, b in zip(arrays.values(), buffers))
+    assert np.array_equal(arrays["node_child"], (np.arange(990) + 2).astype(np.int32))
+
+
 def test_a_view_never_holds_more_than_the_slack():
     rows = VIEW_SLACK + 1000  # int8 node_axis: more than VIEW_SLACK unused bytes
     out = TreeOutput(np, rows, 16)

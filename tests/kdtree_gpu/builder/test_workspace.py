@@ -48,6 +48,32 @@ def test_keep_workspace_setting_is_checked(bad):
         GpuSettings(keep_workspace=bad)
 
 
+@gpu
+def test_pooled_routes_every_size_to_the_running_build_only():
+    import cupy
+
+    from kdtree_gpu.builder.gpu import workspace
+
+    # outside a build: nothing changes
+    with workspace.pooled():
+        a = cupy.empty(100, dtype=np.int32)
+    assert workspace.held_bytes() == 0
+    del a
+    with workspace.Workspace(cupy, 1 << 20) as ws:
+        small = cupy.empty(1000, dtype=np.int32)
+        assert ws.pool.used_bytes() == 0  # below min_block: the caller's
+        with workspace.pooled(False):
+            also_small = cupy.empty(1000, dtype=np.int32)
+        assert ws.pool.used_bytes() == 0
+        with workspace.pooled():
+            pooled = cupy.empty(1000, dtype=np.int32)
+        assert ws.pool.used_bytes() >= pooled.nbytes
+        after = cupy.empty(1000, dtype=np.int32)  # the context is left: the caller's again
+        assert ws.pool.used_bytes() < pooled.nbytes + after.nbytes
+        del small, also_small, pooled, after
+    assert workspace.held_bytes() == 0
+
+
 def _result_bytes(tree):
     from kdtree_gpu.trace.gpu import traversal_layout
 
@@ -64,7 +90,9 @@ def _result_bytes(tree):
     GpuSettings(workspace_block=1),  # every allocation from the workspace
     GpuSettings(loop_capacity=tight_loop_capacity, workspace_block=1),  # the loop relaunched per level
     GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
-], ids=["default", "all-workspace", "relaunched", "stages"])
+    GpuSettings(small_min_refs=0),  # small nodes deferred: the output in the workspace pool
+    GpuSettings(small_min_refs=0, loop_capacity=tight_loop_capacity),  # and relaunched
+], ids=["default", "all-workspace", "relaunched", "stages", "deferred", "deferred-relaunched"])
 def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     import cupy
 
