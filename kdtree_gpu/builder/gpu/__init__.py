@@ -133,10 +133,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                           buffers=first and first[0])
         del events, refs, nodes, first  # the state holds the root level while it is needed
         # grown as levels are written (the level loop reserves its share up front)
-        # Pooled in builds that defer small nodes: the subtree stage grows the tree
-        # after the level loop freed its block (smaller trees: the caller's
-        # allocator, whose small buffers the finished tree may keep as views).
-        out = TreeOutput(cp, pooled=bool(settings.small_refs_for(num_root)))
+        out = TreeOutput(cp)
         while not state.done:
             if grid_loop is not None and state.events.size <= settings.loop_max_events:
                 state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,
@@ -152,7 +149,6 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                            settings)
         del tri_lo, tri_hi
         state.deferred = None  # in the workspace: it must be free when the workspace is given back
-        workspace.give_back_unused()
         with stage(xp=cp, description="finish tree"), workspace.outputs():
             arrays = out.finish(state.level_base, state.leaf_ref_base,
                                 keep_below=workspace.min_block)

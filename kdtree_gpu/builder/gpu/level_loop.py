@@ -254,8 +254,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                                            settings.clip_segment)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
-        with out.allocating():
-            state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
+        state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         if buffers is None:
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
@@ -324,6 +323,5 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
-            with out.allocating():
-                state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
+            state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
         workspace.trim()

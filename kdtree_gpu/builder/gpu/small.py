@@ -20,6 +20,7 @@ from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings
+from .workspace import pooled
 
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
@@ -74,10 +75,12 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     # Room for the subtrees, as much as they need: measured on the meshes of
     # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
     # entries per deferred reference (the bunny the most)
+    # (The level loop's block is free now: the tree's growth and this stage's
+    # buffers are cut from it, whatever their size.)
     out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
-                state.level_base, state.leaf_ref_base, exact=True)
+                state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     while True:
-        with out.allocating():  # cut from the level loop's freed block, as the tree's growth
+        with pooled():
             records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
             refs = cp.empty((2, cap_refs), dtype=np.int32)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
@@ -106,7 +109,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         # run again with twice the room in the buffers that were full
         out.reserve(out.node_capacity * (2 if full & enc.SMALL_FULL_NODES else 1),
                     out.leaf_capacity * (2 if full & enc.SMALL_FULL_LEAVES else 1),
-                    state.level_base, state.leaf_ref_base)
+                    state.level_base, state.leaf_ref_base, pooled=True)
         cap_recs *= 2 if full & enc.SMALL_FULL_RECORDS else 1
         cap_refs *= 2 if full & enc.SMALL_FULL_REFS else 1
         state.small_runs_full.append(full)
@@ -116,8 +119,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         level_sizes[:, 0]))].tolist()]
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
     packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
-    with stage(xp=cp, description="small subtrees: pack leaves"), out.allocating():
+    with stage(xp=cp, description="small subtrees: pack leaves"), pooled():
         out.leaf = pack_leaves(cp, out, num_nodes, packed)
+    out.pooled = True  # the packed list is the workspace's
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(result[enc.SMALL_DEPTH])
 

@@ -202,18 +202,6 @@ class Workspace:
         self.sample()
         self.pool.free_all_blocks()
 
-    def give_back_unused(self) -> None:
-        """Give the unused blocks back now, unless the build keeps them (``keep``).
-
-        Called before the finished tree is copied out of the build's
-        buffers: the copies would otherwise sit beside every block the
-        build cached on its way (measured on an H100: the end of the build
-        was the bunny's peak, 809 bytes per triangle). The blocks go back at
-        the end anyway; this gives them back one step earlier.
-        """
-        if not self.keep:
-            self.trim()
-
     def begin_level(self, num_items: int) -> None:
         """A level of ``num_items`` elements (events) begins.
 

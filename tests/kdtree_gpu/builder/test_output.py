@@ -61,7 +61,9 @@ def test_small_buffers_finish_as_views_and_large_ones_as_copies():
 
 def test_a_pooled_output_always_finishes_as_copies():
     # its buffers are the build's workspace, which goes back when the build ends
-    out = TreeOutput(np, 1000, 1000, pooled=True)
+    out = TreeOutput(np, 100, 100)
+    out.reserve(1000, 1000, 0, 0, pooled=True)
+    assert out.pooled
     _fill(out, 990, 999)
     buffers = [*out.nodes.args(), out.leaf]
     arrays = out.finish(990, 999, keep_below=1 << 20)
