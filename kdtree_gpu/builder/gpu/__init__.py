@@ -128,7 +128,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                       num_root)
         with stage(xp=cp, description="create_root_events"):
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
-                                             out=first and first[1])
+                                             out=first and first[1], scratch=first and first[2])
         state = LoopState(events, refs, nodes, workspace=workspace,
                           buffers=first and first[0])
         del events, refs, nodes, first  # the state holds the root level while it is needed
@@ -149,6 +149,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                            settings)
         del tri_lo, tri_hi
         state.deferred = None  # in the workspace: it must be free when the workspace is given back
+        # the subtree stage's buffers go back before the tree is copied out of its output
+        workspace.release_unused()
         with stage(xp=cp, description="finish tree"), workspace.outputs():
             arrays = out.finish(state.level_base, state.leaf_ref_base,
                                 keep_below=workspace.min_block)

@@ -181,9 +181,11 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
 
     Returns
     -------
-    (LevelBuffers, EventSoA) or None
-        The buffers and the views the root events go to; None when the loop
-        will not run from the root.
+    (LevelBuffers, EventSoA, (MemoryPointer, int)) or None
+        The buffers, the views the root events go to and the part of the
+        buffers after the events (references, nodes, scratch: unused until
+        the loop runs), where the root's sort can make its temporaries;
+        None when the loop will not run from the root.
     """
     if num_events > settings.loop_max_events:
         return None
@@ -191,7 +193,7 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
     if plan is None:
         return None
     buffers = LevelBuffers(cp, *plan[2][:4])
-    return buffers, buffers.level(1, 1, num_refs, num_events)[0]
+    return buffers, buffers.level(1, 1, num_refs, num_events)[0], buffers.block.tail(1)
 
 
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
-from .workspace import pooled as workspace_pooled
+from .workspace import ALIGN, pooled as workspace_pooled
 
 
 # bytes a finished tree array may hold beyond its size instead of being copied
@@ -40,6 +40,7 @@ class TreeOutput:
     def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0):
         self.cp = cp
         self.pooled = False  # True once a buffer may be the workspace's whatever its size
+        self.leaf_final = False  # the leaf list is the tree's, at its size (pack_leaves)
         self.nodes = TreeNodeSoA.allocate(cp, node_capacity)
         self.leaf = cp.empty(leaf_capacity, dtype=enc.LEAF_TRIS_DTYPE)
 
@@ -63,15 +64,50 @@ class TreeOutput:
         keeping the first ``used_nodes`` and ``used_leaf_refs`` written so far
         (default: all of them). A buffer that must grow is made at least twice
         as large (growth by doubling), or, ``exact``, just as large as asked;
-        ``pooled``: from the build's workspace pool, whatever its size (after
-        a larger block was freed: it is cut from that block instead of
-        adding memory beside it; measured on an H100, 160 bytes per
-        triangle of the bunny's peak)."""
-        with workspace_pooled(pooled):
-            self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes, exact)
-                                       for a in self.nodes.args()))
-            self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs, exact)
-        self.pooled |= pooled
+        ``pooled``: all five in one block of the build's workspace pool,
+        whatever its size (the subtree stage's growth, made after the level
+        loop's block went back: one device allocation)."""
+        if pooled:
+            self._regrow_in_one_block(num_nodes, num_leaf_refs, used_nodes, used_leaf_refs,
+                                      exact)
+            return
+        self.nodes = TreeNodeSoA(*(self._grow(a, num_nodes, used_nodes, exact)
+                                   for a in self.nodes.args()))
+        self.leaf = self._grow(self.leaf, num_leaf_refs, used_leaf_refs, exact)
+
+    def _regrow_in_one_block(self, num_nodes, num_leaf_refs, used_nodes, used_leaf_refs, exact):
+        """``reserve(pooled=True)``: when a buffer must grow, all five are made again
+        in one block of the workspace pool (one device allocation)."""
+        import numpy as np
+
+        arrays = [*self.nodes.args(), self.leaf]
+        needs = [num_nodes] * 4 + [num_leaf_refs]
+        if all(n <= a.shape[0] for a, n in zip(arrays, needs)):
+            return
+        rows = [a.shape[0] if n <= a.shape[0] else (n if exact else max(n, 2 * a.shape[0]))
+                for a, n in zip(arrays, needs)]
+        spans = [-(-r * a.itemsize // ALIGN) * ALIGN for a, r in zip(arrays, rows)]
+        with workspace_pooled(True):
+            block = self.cp.empty(max(sum(spans), ALIGN), dtype=np.uint8)
+        used = [used_nodes] * 4 + [used_leaf_refs]
+        offset, made = 0, []
+        for a, r, span, keep in zip(arrays, rows, spans, used):
+            view = block[offset:offset + r * a.itemsize].view(a.dtype)
+            keep = min(a.shape[0] if keep is None else int(keep), a.shape[0], r)
+            if keep:
+                view[:keep] = a[:keep]
+            made.append(view)
+            offset += span
+        self.nodes, self.leaf = TreeNodeSoA(*made[:4]), made[4]
+        self.pooled = True
+
+    def set_final_leaf(self, leaf) -> None:
+        """Replace the leaf list by the tree's own, at its size and made with the
+        caller's allocator (:func:`.workspace.lasting`), which :meth:`finish`
+        hands over as it is (made in the workspace, it would hold the block
+        it was cut from until then, and be copied once more)."""
+        self.leaf = leaf
+        self.leaf_final = True
 
     def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
         """The tree's device arrays at their exact sizes.
@@ -99,6 +135,9 @@ class TreeOutput:
             return a[:n].copy()
 
         arrays = {name: cut(a, num_nodes) for name, a in self.nodes.arrays().items()}
-        arrays["leaf_tris"] = cut(self.leaf, num_leaf_refs)
+        if self.leaf_final and self.leaf.shape[0] == num_leaf_refs:
+            arrays["leaf_tris"] = self.leaf
+        else:
+            arrays["leaf_tris"] = cut(self.leaf, num_leaf_refs)
         self.nodes = self.leaf = None
         return arrays

@@ -7,6 +7,8 @@ read (the summary record that sizes everything after it).
 
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from ... import encoding as enc
@@ -15,7 +17,7 @@ from ...launch import launch, stage
 from ...mesh import MeshError, check_trace_range, smallest_triangle, validate_mesh
 from ...primitives import inclusive_scan, ordered_uint_to_float
 from ..soa import EventSoA, NodeSoA, RefSoA
-from .workspace import lasting
+from .workspace import carved, lasting
 
 _SOURCE = "build.cu"
 _init_cache: dict = {}
@@ -147,7 +149,8 @@ def root_event_count(num_refs: int, planar) -> int:
     return sum(2 * int(num_refs) - int(p) for p in planar)
 
 
-def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None) -> EventSoA:
+def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None,
+                            scratch=None) -> EventSoA:
     """Rule R3 on the device: one key per event, one radix sort, decode.
 
     Parameters
@@ -159,6 +162,9 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None) -> Ev
     out : EventSoA, optional
         Where to decode the events (:func:`root_event_count` rows; the level
         loop's buffers); by default new arrays.
+    scratch : (MemoryPointer, int), optional
+        Device memory not in use that the keys and the sort may take
+        (:func:`.workspace.carved`; what does not fit is allocated as usual).
 
     Returns
     -------
@@ -166,18 +172,19 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None) -> Ev
         Sorted by (axis, position, kind, reference); segment = axis.
     """
     num_refs = int(ref_tri.shape[0])
-    keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
-    launch("create_root_events: keys", get_function(_SOURCE, "kd_root_event_keys"), num_refs,
-           (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
+    with carved(cp, *scratch) if scratch is not None else contextlib.nullcontext():
+        keys = cp.empty(3 * 2 * num_refs, dtype=np.uint64)
+        launch("create_root_events: keys", get_function(_SOURCE, "kd_root_event_keys"), num_refs,
+               (tri_lo, tri_hi, ref_tri, np.int64(num_refs), keys))
+        with stage(xp=cp, description="create_root_events: sort"):
+            # Keys are unique and start with the axis, so one sort gives rule R3's
+            # order on every axis; planar triangles' unused slots hold the largest
+            # key and sort after all real events. In place: cupy.sort would copy
+            # the keys first, a third buffer of 8 bytes per event beside the
+            # keys and the sort's own (measured 48 bytes per triangle of the
+            # build's peak on the bunny).
+            keys.sort()
     total = root_event_count(num_refs, planar)
-    with stage(xp=cp, description="create_root_events: sort"):
-        # Keys are unique and start with the axis, so one sort gives rule R3's
-        # order on every axis; planar triangles' unused slots hold the largest
-        # key and sort after all real events. In place: cupy.sort would copy
-        # the keys first, a third buffer of 8 bytes per event beside the
-        # keys and the sort's own (measured 48 bytes per triangle of the
-        # build's peak on the bunny).
-        keys.sort()
     events = EventSoA.allocate(cp, total) if out is None else out
     launch("create_root_events: decode", get_function(_SOURCE, "kd_root_events_decode"), total,
            (keys, np.int64(total), events.struct()))

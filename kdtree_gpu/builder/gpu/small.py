@@ -20,7 +20,7 @@ from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings
-from .workspace import pooled
+from .workspace import ALIGN, lasting, pooled
 
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
@@ -75,14 +75,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     # Room for the subtrees, as much as they need: measured on the meshes of
     # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
     # entries per deferred reference (the bunny the most)
-    # (The level loop's block is free now: the tree's growth and this stage's
-    # buffers are cut from it, whatever their size.)
+    # The level loop's block goes back first: the tree's growth and this stage's
+    # buffers (each one device allocation) would otherwise sit beside it, and
+    # the growth would keep it until the tree is copied out (measured on an
+    # H100: the end of the build was then the peak of the bunny, happy Buddha
+    # and conference; the loop ended with a read, so nothing waits).
+    state.workspace.release_unused()
     out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     while True:
-        with pooled():
-            records = cp.empty((2, cap_recs, enc.SMALL_RECORD), dtype=np.int32)
-            refs = cp.empty((2, cap_refs), dtype=np.int32)
+        records, refs = _stage_buffers(cp, cap_recs, cap_refs)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
         counts[0], counts[1] = num, deferred
         # the counters and each level's (records, references), one array: one read
@@ -119,15 +121,35 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         level_sizes[:, 0]))].tolist()]
     num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
     packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
-    with stage(xp=cp, description="small subtrees: pack leaves"), pooled():
-        out.leaf = pack_leaves(cp, out, num_nodes, packed)
-    out.pooled = True  # the packed list is the workspace's
+    with stage(xp=cp, description="small subtrees: pack leaves"):
+        out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(result[enc.SMALL_DEPTH])
 
 
+def _stage_buffers(cp, cap_recs: int, cap_refs: int):
+    """The records and reference lists of the subtree levels, two each, in one
+    block of the workspace pool (one device allocation; the leaf packing's
+    two int64 per tree node are cut from it once it is freed, where they fit).
+
+    Returns
+    -------
+    records : (2, cap_recs, SMALL_RECORD) int32
+    refs : (2, cap_refs) int32
+    """
+    record_bytes = 2 * cap_recs * enc.SMALL_RECORD * 4
+    ref_bytes = 2 * cap_refs * 4
+    start = -(-record_bytes // ALIGN) * ALIGN
+    with pooled():
+        block = cp.empty(start + ref_bytes, dtype=np.uint8)
+    records = block[:record_bytes].view(np.int32).reshape(2, cap_recs, enc.SMALL_RECORD)
+    refs = block[start:start + ref_bytes].view(np.int32).reshape(2, cap_refs)
+    return records, refs
+
+
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
-    """The leaf list without unused entries, leaves pointed at their new ranges.
+    """The leaf list without unused entries, leaves pointed at their new ranges
+    (made with the caller's allocator: it is the tree's).
 
     Returns
     -------
@@ -135,12 +157,14 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     """
     from ...primitives import inclusive_scan
 
-    counts = cp.empty(num_nodes + 1, dtype=np.int64)
-    nodes = out.nodes.struct()
-    launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
-           (nodes, np.int64(num_nodes), counts))
-    offsets = inclusive_scan(counts, description="pack leaves: offsets")
-    packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
+    with pooled():  # temporaries: cut from the freed subtree buffers where they fit
+        counts = cp.empty(num_nodes + 1, dtype=np.int64)
+        nodes = out.nodes.struct()
+        launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
+               (nodes, np.int64(num_nodes), counts))
+        offsets = inclusive_scan(counts, description="pack leaves: offsets")
+    with lasting():  # the tree's own leaf list, at its size
+        packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
     launch("pack leaves: copy", get_function(_SOURCE, "kd_pack_leaves"), num_nodes,
            (nodes, np.int64(num_nodes), offsets, out.leaf, packed))
     return packed

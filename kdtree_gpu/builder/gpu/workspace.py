@@ -91,6 +91,32 @@ def pooled(enabled: bool = True):
     return workspace.every_size()
 
 
+@contextlib.contextmanager
+def carved(cp, memptr, nbytes: int):
+    """A context in which allocations are cut, in order and aligned, from the
+    ``nbytes`` at ``memptr`` while they last, then made as before.
+
+    For temporaries that fit in a buffer not in use yet: the root's sort
+    runs in the level loop's buffers before the loop does (its keys and the
+    sort's own buffer would otherwise stay cached beside them: 97 bytes per
+    triangle). Nothing is reused within the region; pointers into it keep
+    ``memptr``'s memory.
+    """
+    outer = cp.cuda.get_allocator()
+    taken = 0
+
+    def malloc(size):
+        nonlocal taken
+        end = taken + _aligned(size)
+        if end > nbytes:
+            return outer(size)
+        start, taken = taken, end
+        return memptr + start
+
+    with cp.cuda.using_allocator(malloc):
+        yield
+
+
 def release_cached() -> None:
     """Give every workspace pool's unused blocks back to the device (after an error)."""
     import cupy
@@ -202,6 +228,13 @@ class Workspace:
         self.sample()
         self.pool.free_all_blocks()
 
+    def release_unused(self) -> None:
+        """Give the unused blocks back now, unless the build keeps them (``keep``):
+        where a phase of the build ends whose blocks the next one cannot
+        use (they would sit beside its buffers)."""
+        if not self.keep:
+            self.trim()
+
     def begin_level(self, num_items: int) -> None:
         """A level of ``num_items`` elements (events) begins.
 
@@ -264,6 +297,11 @@ class LaidOutBlock:
         """The by-value kernel struct of group ``index`` (its fields' device addresses)."""
         cls, _, offsets = self.layout.groups[index]
         return cls.struct_of_addresses(offsets + offsets.dtype.type(self.memory.ptr))
+
+    def tail(self, index: int):
+        """``(MemoryPointer, nbytes)``: the block from group ``index``'s first field to its end."""
+        offset = int(self.layout.groups[index][1][0][2])
+        return self.memory + offset, self.layout.nbytes - offset
 
     def soa(self, index: int):
         """Group ``index`` as an SoA of CuPy views into the block."""

@@ -71,6 +71,17 @@ def test_a_pooled_output_always_finishes_as_copies():
     assert np.array_equal(arrays["node_child"], (np.arange(990) + 2).astype(np.int32))
 
 
+def test_a_packed_leaf_list_is_handed_over_as_it_is():
+    out = TreeOutput(np, 100, 100)
+    out.reserve(1000, 1000, 0, 0, pooled=True)
+    _fill(out, 990, 999)
+    packed = np.arange(500, dtype=np.int32)
+    out.set_final_leaf(packed)
+    arrays = out.finish(990, 500)
+    assert arrays["leaf_tris"] is packed
+    assert arrays["node_count"].shape == (990,)
+
+
 def test_a_view_never_holds_more_than_the_slack():
     rows = VIEW_SLACK + 1000  # int8 node_axis: more than VIEW_SLACK unused bytes
     out = TreeOutput(np, rows, 16)

@@ -198,6 +198,28 @@ def test_a_level_loop_buffer_block_is_cut_into_aligned_arrays(cap_new):
 
 
 @gpu
+def test_carved_allocations_come_from_the_region_in_order_then_as_before():
+    import cupy
+
+    from kdtree_gpu.builder.gpu import workspace
+    from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
+
+    buffers = LevelBuffers(cupy, 1000, 300, 50)
+    start, nbytes = buffers.block.tail(1)  # the references onwards
+    assert start.ptr == buffers.refs.ref_tri.data.ptr
+    assert start.ptr + nbytes == buffers.block.memory.ptr + buffers.block.layout.nbytes
+    with workspace.carved(cupy, start, nbytes):
+        a = cupy.arange(100, dtype=np.int64)
+        b = cupy.empty(10, dtype=np.int8)
+        c = cupy.empty(nbytes, dtype=np.int8)  # does not fit: made as before
+    assert a.data.ptr == start.ptr and b.data.ptr == start.ptr + ALIGN * 4
+    assert not start.ptr <= c.data.ptr < start.ptr + nbytes
+    assert int(a.sum()) == 4950
+    d = cupy.empty(10, dtype=np.int8)  # after the context: as before
+    assert not start.ptr <= d.data.ptr < start.ptr + nbytes
+
+
+@gpu
 def test_a_pool_limit_covers_the_workspace():
     import cupy
 
