@@ -83,6 +83,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     state.workspace.release_unused()
     out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
+    state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
     while True:
         records, refs = _stage_buffers(cp, cap_recs, cap_refs)
         counts = np.zeros(2 * (levels + 1), dtype=np.int64)
