@@ -89,6 +89,21 @@ def create_root_events(xp, tri_lo, tri_hi, ref_tri):
     )
 
 
+def event_segments(xp, event_ref, ref_node, seg_event_offset, num_nodes: int):
+    """Each event's segment ``axis * n + node`` from its place and its reference.
+
+    A level's events of one axis are contiguous from ``seg_event_offset[axis
+    * n]`` and an event's node is its reference's: the level-loop kernel
+    keeps no segment per event and derives it this way (``KdEventSegment`` in
+    ``cuda/build_stages.cuh``); a level leaving the loop for the per-stage
+    path gets its segments from here.
+    """
+    n = int(num_nodes)
+    e = xp.arange(int(event_ref.shape[0]), dtype=np.int64)
+    axis = (e >= seg_event_offset[n]).astype(np.int32) + (e >= seg_event_offset[2 * n])
+    return (axis.astype(np.int32) * np.int32(n) + ref_node[event_ref]).astype(np.int32)
+
+
 def _half_area(d):
     return box_half_area(d[..., 0], d[..., 1], d[..., 2])
 

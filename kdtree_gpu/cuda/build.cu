@@ -64,7 +64,8 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           signed char* __restrict__ event_side,
                                           unsigned long long* __restrict__ seg_min_cost)
 {
-    KdCostArgs a = {event_pos, event_seg, open_close_ex, seg_event_offset, node_ref_offset,
+    KdCostArgs a = {event_pos, {event_seg, nullptr, nullptr, seg_event_offset, num_nodes},
+                    open_close_ex, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
                     longest_only, k_traversal, k_intersect, empty_bonus,
                     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost};
@@ -78,8 +79,8 @@ extern "C" __global__ void kd_segment_argmin(unsigned int* __restrict__ event_co
                                              long long num_events,
                                              unsigned long long* __restrict__ seg_best)
 {
-    kd_argmin_event({event_cost_hi, event_cost_lo}, event_seg, seg_min_cost, num_events,
-                    seg_best, kd_tid());
+    kd_argmin_event({event_cost_hi, event_cost_lo}, {event_seg, nullptr, nullptr, nullptr, 0},
+                    seg_min_cost, num_events, seg_best, kd_tid());
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
@@ -234,7 +235,8 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
                                       int* __restrict__ out_seg, int clip)
 {
     KdScatterArgs a = {ref_tri, ref_node, ref_class, ref_lr_ex, node_ref_offset, split_leaf_ex,
-                       child_ref_offset, event_pos, event_kind, event_ref, event_seg,
+                       child_ref_offset, event_pos, event_kind, event_ref,
+                       {event_seg, nullptr, nullptr, seg_event_offset, num_nodes},
                        event_lr_ex, seg_event_offset, child_event_offset, num_nodes, num_refs,
                        num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,
                        out_kind, out_ref, out_seg, clip};
@@ -423,7 +425,8 @@ extern "C" __global__ void kd_root_event_keys(const float* __restrict__ tri_lo,
     }
 }
 
-// Decode the sorted keys into the root's event arrays (segment = axis).
+// Decode the sorted keys into the root's event arrays (segment = axis; not
+// stored where ev.event_seg is null: the level loop's buffers keep none).
 extern "C" __global__ void kd_root_events_decode(const unsigned long long* __restrict__ keys,
                                                  long long count, KdEvents ev)
 {
@@ -433,5 +436,5 @@ extern "C" __global__ void kd_root_events_decode(const unsigned long long* __res
     ev.event_pos[e] = kd_float_from_ordered_bits32((unsigned int)(key >> (KD_KEY_REF_BITS + 2)));
     ev.event_kind[e] = (signed char)((key >> KD_KEY_REF_BITS) & 3u);
     ev.event_ref[e] = (int)(key & ((1ull << KD_KEY_REF_BITS) - 1));
-    ev.event_seg[e] = (int)(key >> 62);
+    if (ev.event_seg) ev.event_seg[e] = (int)(key >> 62);
 }

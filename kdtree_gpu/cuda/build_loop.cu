@@ -153,7 +153,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     const float* pos = start_events.event_pos;
     const signed char* kind = start_events.event_kind;
     const int* ref = start_events.event_ref;
-    const int* seg = start_events.event_seg;
+    // (start_events.event_seg is not read: the loop derives segments, KdEventSegment)
     const int* tri = start_refs.ref_tri;
     const int* node = start_refs.ref_node;
     const float* lo = start_nodes.node_lo;
@@ -198,8 +198,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         // The costs and sides live in the next level's slot until its scatter
         // (the slot holds at least this level's events: both have cap_events)
         const KdEventCosts event_cost = {(unsigned int*)(lvl_events.event_ref + nxt * cap_events),
-                                         (unsigned int*)(lvl_events.event_seg + nxt * cap_events)};
+                                         (unsigned int*)(lvl_events.event_pos + nxt * cap_events)};
         signed char* event_side = lvl_events.event_kind + nxt * cap_events;
+        // segments derived, not stored (the buffers hold no event_seg rows)
+        const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
         KdCostArgs cost = {pos, seg, s.event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost};
@@ -207,7 +209,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             kd_split_cost_event(cost, e);
             // with perfect splits, each reference's box in its node (R2)
             if (clip && e < num_events)
-                kd_reference_box_event(pos, kind, ref, seg, e, n, s.ref_lo, s.ref_hi);
+                kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
         });
         grid.sync();
         // select_best_splits and decide_leaves (R4, R8)
@@ -351,7 +353,6 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         float* child_pos = lvl_events.event_pos + nxt * cap_events;
         signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
         int* child_ref = lvl_events.event_ref + nxt * cap_events;
-        int* child_seg = lvl_events.event_seg + nxt * cap_events;
         KdEmitArgs emit = {s.node_split, s.best_axis, s.best_pos, s.split_leaf_ex, lo, hi, n,
                            level_base, leaf_ref_base, out.node_axis, out.node_split,
                            out.node_child, out.node_count, child_lo, child_hi};
@@ -420,7 +421,6 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 child_pos[dst] = kd_clip_key_pos(key);
                 child_kind[dst] = (signed char)new_kind;
                 child_ref[dst] = (int)(side ? dr : dl);
-                child_seg[dst] = (int)c;
             });
             grid.sync();
         }
@@ -430,7 +430,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                                  s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
                                  s.event_scan, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
-                                 child_pos, child_kind, child_ref, child_seg, clip,
+                                 child_pos, child_kind, child_ref, nullptr, clip,
                                  clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};
         kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
         if (leader) {
@@ -452,7 +452,6 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         pos = child_pos;
         kind = child_kind;
         ref = child_ref;
-        seg = child_seg;
         tri = child_tri;
         node = child_node;
         lo = child_lo;

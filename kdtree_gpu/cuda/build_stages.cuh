@@ -58,6 +58,33 @@ __device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long 
     if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
 }
 
+// An event's segment, axis * n + node: stored (seg, the per-stage path's
+// events) or, where seg is null (the level loop's), derived from the event's
+// place and its reference. A level's events of one axis are contiguous from
+// seg_event_offset[axis * n], and an event's node is its reference's; the loop
+// then keeps no segment per event, 8 bytes per event of capacity (two slots).
+struct KdEventSegment {
+    const int* seg;
+    const int* event_ref;
+    const int* ref_node;
+    const long long* seg_event_offset;
+    long long num_nodes;
+    __device__ __forceinline__ int axis(long long e) const
+    {
+        if (seg) return (int)(seg[e] / num_nodes);
+        return (int)(e >= seg_event_offset[num_nodes]) + (int)(e >= seg_event_offset[2 * num_nodes]);
+    }
+    // event e's segment, its node already known
+    __device__ __forceinline__ int of(long long e, int node) const
+    {
+        return seg ? seg[e] : (int)(axis(e) * num_nodes + node);
+    }
+    __device__ __forceinline__ int operator()(long long e) const
+    {
+        return seg ? seg[e] : of(e, ref_node[event_ref[e]]);
+    }
+};
+
 // The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
 // inclusive scan of n = E + 1 values is the exclusive scan of the events.
 struct KdLoadOpenClose {
@@ -72,7 +99,7 @@ struct KdLoadOpenClose {
 
 // A level's per-event costs: each float64 kept as its two 32-bit halves in
 // two arrays of E words. The level loop keeps them in the next level's slot
-// of event_ref and event_seg, which hold nothing between a level's cost pass
+// of event_ref and event_pos, which hold nothing between a level's cost pass
 // and its scatter, so that the costs take no memory of their own (9 bytes per
 // event of capacity with the sides); halves restore the exact bits.
 struct KdEventCosts {
@@ -104,7 +131,7 @@ struct KdEventCosts {
 // one of END (closes), START (opens) or PLANAR (both).
 struct KdCostArgs {
     const float* event_pos;
-    const int* event_seg;
+    KdEventSegment event_seg;
     const long long* open_close_ex;
     const long long* seg_event_offset;
     const long long* node_ref_offset;
@@ -128,7 +155,7 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
     bool live = e < a.num_events;
     double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
     signed char side = KD_SIDE_LEFT;
-    int seg = live ? a.event_seg[e] : -1;
+    int seg = live ? a.event_seg(e) : -1;
     if (live) {
         int node = (int)(seg % a.num_nodes);
         int axis = (int)(seg / a.num_nodes);
@@ -136,10 +163,11 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
         float lo_k = a.node_lo[3 * node + axis];
         float hi_k = a.node_hi[3 * node + axis];
         long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
-        bool head = e == 0 || a.event_seg[e - 1] != seg || a.event_pos[e - 1] != p;
+        // a run starts its segment's events or follows another position
+        long long seg_start = a.seg_event_offset[seg];
+        bool head = e == seg_start || a.event_pos[e - 1] != p;
         if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
             && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
-            long long seg_start = a.seg_event_offset[seg];
             long long seg_end = a.seg_event_offset[seg + 1];
             long long run_end = e + 1;
             if (run_end < seg_end && a.event_pos[run_end] == p) {
@@ -183,13 +211,14 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
 // Stage select_best_splits, arg-min: the lowest event index whose cost equals
 // its segment's minimum (lowest index = lowest position: rule R8's tie-break).
 // Every lane of a warp must call it (as kd_split_cost_event).
-__device__ __forceinline__ void kd_argmin_event(KdEventCosts event_cost, const int* event_seg,
+__device__ __forceinline__ void kd_argmin_event(KdEventCosts event_cost,
+                                                const KdEventSegment& event_seg,
                                                 const unsigned long long* seg_min_cost,
                                                 long long num_events,
                                                 unsigned long long* seg_best, long long e)
 {
     bool live = e < num_events;
-    int seg = live ? event_seg[e] : -1;
+    int seg = live ? event_seg(e) : -1;
     unsigned long long key = KD_NO_INDEX;
     if (live) {
         unsigned long long bits = event_cost.bits(e);
@@ -470,7 +499,7 @@ struct KdScatterArgs {
     const float* event_pos;
     const signed char* event_kind;
     const int* event_ref;
-    const int* event_seg;
+    KdEventSegment event_seg;
     const long long* event_lr_ex;
     const long long* seg_event_offset;
     const long long* child_event_offset;
@@ -481,7 +510,7 @@ struct KdScatterArgs {
     float* out_pos;
     signed char* out_kind;
     int* out_ref;
-    int* out_seg;
+    int* out_seg;  // null: the segments are not stored (the level loop's)
     int clip;  // straddling references' events stay behind (KdClassifyArgs)
     // The level loop's perfect splits: child_event_offset holds the merged
     // offsets (kept and new events); kept event j of child segment c goes
@@ -535,7 +564,7 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
         long long rl, rr;
         kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
                             a.child_ref_offset, &rl, &rr);
-        int seg = a.event_seg[i];
+        int seg = a.event_seg.of(i, node);
         long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
         long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
         long long lr_e = a.event_lr_ex[i], lr_s = a.event_lr_ex[a.seg_event_offset[seg]];
@@ -546,14 +575,14 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
             a.out_pos[dst] = pos;
             a.out_kind[dst] = kind;
             a.out_ref[dst] = (int)rl;
-            a.out_seg[dst] = (int)child_seg;
+            if (a.out_seg) a.out_seg[dst] = (int)child_seg;
         }
         if (cls & KD_CLASS_RIGHT) {
             long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
             a.out_pos[dst] = pos;
             a.out_kind[dst] = kind;
             a.out_ref[dst] = (int)rr;
-            a.out_seg[dst] = (int)(child_seg + 1);
+            if (a.out_seg) a.out_seg[dst] = (int)(child_seg + 1);
         }
     }
 }

@@ -11,8 +11,9 @@ extern "C" __global__ void kd_reference_boxes(KdEvents ev, long long num_events,
 {
     long long e = kd_tid();
     if (e < num_events)
-        kd_reference_box_event(ev.event_pos, ev.event_kind, ev.event_ref, ev.event_seg, e,
-                               num_nodes, ref_lo, ref_hi);
+        kd_reference_box_event(ev.event_pos, ev.event_kind, ev.event_ref,
+                               {ev.event_seg, nullptr, nullptr, nullptr, num_nodes}, e, ref_lo,
+                               ref_hi);
 }
 
 // A test kernel, one thread per row: kdtree_gpu.builder.clip.clip_child_boxes'

@@ -37,11 +37,11 @@ __device__ __forceinline__ long long kd_clip_key_ref(unsigned long long key)
 // from a START or PLANAR event, the upper bound from an END or PLANAR one.
 __device__ __forceinline__ void kd_reference_box_event(const float* event_pos,
                                                        const signed char* event_kind,
-                                                       const int* event_ref, const int* event_seg,
-                                                       long long e, long long num_nodes,
-                                                       float* ref_lo, float* ref_hi)
+                                                       const int* event_ref,
+                                                       const KdEventSegment& event_seg,
+                                                       long long e, float* ref_lo, float* ref_hi)
 {
-    long long slot = 3 * (long long)event_ref[e] + event_seg[e] / num_nodes;
+    long long slot = 3 * (long long)event_ref[e] + event_seg.axis(e);
     int kind = event_kind[e];
     if (kind != KD_EVENT_END) ref_lo[slot] = event_pos[e];
     if (kind != KD_EVENT_START) ref_hi[slot] = event_pos[e];

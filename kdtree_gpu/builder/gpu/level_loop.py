@@ -91,7 +91,8 @@ def _buffer_layout(cap_events: int, cap_refs: int, cap_nodes: int, cap_new: int)
     node_rows = {"node_ref_offset": 2 * (2 * cap_nodes + 1),
                  "seg_event_offset": 2 * (6 * cap_nodes + 1)}
     scratch_rows = LevelScratch.capacity_rows(cap_events, cap_refs, cap_nodes, cap_new)
-    return BlockLayout([(EventSoA, EventSoA.shapes(2 * cap_events)),
+    # no event_seg rows: the kernel derives an event's segment (KdEventSegment)
+    return BlockLayout([(EventSoA, EventSoA.shapes(2 * cap_events, event_seg=0)),
                         (RefSoA, RefSoA.shapes(2 * cap_refs)),
                         (NodeSoA, NodeSoA.shapes(2 * cap_nodes, **node_rows)),
                         (LevelScratch, LevelScratch.shapes(0, **scratch_rows))])
@@ -120,11 +121,12 @@ class LevelBuffers:
     scratch = property(lambda self: self.block.soa(3))
 
     def level(self, slot: int, n: int, num_refs: int, num_events: int):
-        """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``."""
+        """Views of the level held in ``slot``: ``(EventSoA, RefSoA, NodeSoA)``; the
+        events' ``event_seg`` is None (the buffers hold none: :func:`copied_level`)."""
         e0, r0, n0 = slot * self.cap_events, slot * self.cap_refs, slot * self.cap_nodes
         ro, so = slot * (2 * self.cap_nodes + 1), slot * (6 * self.cap_nodes + 1)
         ev, rf, nd = self.events, self.refs, self.nodes
-        return (EventSoA(*(a[e0:e0 + num_events] for a in ev.args())),
+        return (EventSoA(*(a[e0:e0 + num_events] for a in ev.args()[:3]), None),
                 RefSoA(*(a[r0:r0 + num_refs] for a in rf.args())),
                 NodeSoA(nd.node_lo[n0:n0 + n], nd.node_hi[n0:n0 + n],
                         nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
@@ -194,6 +196,22 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
         return None
     buffers = LevelBuffers(cp, *plan[2][:4])
     return buffers, buffers.level(1, 1, num_refs, num_events)[0], buffers.block.tail(1)
+
+
+def copied_level(cp, events, refs, nodes):
+    """A copy of a level that lives in the loop's buffers, as the per-stage path
+    reads it: with each event's segment (:func:`..stages.event_segments`)."""
+    from ..stages import event_segments
+
+    refs = RefSoA(*(a.copy() for a in refs.args()))
+    nodes = NodeSoA(*(a.copy() for a in nodes.args()))
+    seg = events.event_seg
+    if seg is None:
+        seg = event_segments(cp, events.event_ref, refs.ref_node, nodes.seg_event_offset,
+                             nodes.size)
+    else:
+        seg = seg.copy()
+    return EventSoA(*(a.copy() for a in events.args()[:3]), seg), refs, nodes
 
 
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
@@ -306,8 +324,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         elif start_in_buffers:
             views = (state.events, state.refs, state.nodes)
         if views is not None:
-            state.events, state.refs, state.nodes = (type(v)(*(a.copy() for a in v.args()))
-                                                     for v in views)
+            state.events, state.refs, state.nodes = copied_level(cp, *views)
             del views
         buffers, start_in_buffers = None, False
         need_events = int(record[enc.LOOP_NEED_EVENTS])
