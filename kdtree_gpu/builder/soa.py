@@ -39,7 +39,9 @@ class EventSoA(SoA):
     event_ref : (num_events,) int32
         Index of the event's triangle reference in the level's ``RefSoA``.
     event_seg : (num_events,) int32
-        ``axis * num_nodes + node``; events are sorted by segment first.
+        ``axis * num_nodes + node``; events are sorted by segment first. The
+        level loop's buffers hold none (0 rows): the segment follows from the
+        event's place and its reference (:func:`.stages.event_segments`).
     """
 
     c_name = "KdEvents"
