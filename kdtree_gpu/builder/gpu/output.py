@@ -87,7 +87,7 @@ class TreeOutput:
         rows = [a.shape[0] if n <= a.shape[0] else (n if exact else max(n, 2 * a.shape[0]))
                 for a, n in zip(arrays, needs)]
         spans = [-(-r * a.itemsize // ALIGN) * ALIGN for a, r in zip(arrays, rows)]
-        with workspace_pooled(True):
+        with workspace_pooled():
             block = self.cp.empty(max(sum(spans), ALIGN), dtype=np.uint8)
         used = [used_nodes] * 4 + [used_leaf_refs]
         offset, made = 0, []

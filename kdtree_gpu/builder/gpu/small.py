@@ -72,15 +72,15 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     deferred = state.deferred_refs
     cap_refs = 3 * deferred + 1024
     cap_recs = 3 * deferred // 4 + 1024
-    # Room for the subtrees, as much as they need: measured on the meshes of
-    # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
-    # entries per deferred reference (the bunny the most)
     # The level loop's block goes back first: the tree's growth and this stage's
     # buffers (each one device allocation) would otherwise sit beside it, and
     # the growth would keep it until the tree is copied out (measured on an
     # H100: the end of the build was then the peak of the bunny, happy Buddha
     # and conference; the loop ended with a read, so nothing waits).
     state.workspace.release_unused()
+    # Room for the subtrees, as much as they need: measured on the meshes of
+    # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
+    # entries per deferred reference (the bunny the most)
     out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's

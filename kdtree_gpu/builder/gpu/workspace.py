@@ -74,19 +74,19 @@ def lasting():
     return workspace.outputs() if workspace is not None else contextlib.nullcontext()
 
 
-def pooled(enabled: bool = True):
+def pooled():
     """A context in which the running build's allocations of every size come from
-    its workspace pool (``enabled``), else nothing changes.
+    its workspace pool; outside a build nothing changes.
 
-    For buffers made after larger ones were freed (the tree's growing
-    output, the subtree stage's buffers): from the pool they are cut from
-    those cached blocks, where the caller's allocator would add fresh memory
-    beside them (measured on an H100: 210 bytes per triangle of the bunny's
-    peak, whose buffers are all below ``min_block``). What outlives the
-    build must then be copied out of them (:meth:`TreeOutput.finish`).
+    For the subtree stage's buffers and its growth of the tree: below
+    ``min_block`` on small meshes, they would stay in the caller's pool
+    after the build (or be cut there from blocks the build cannot give
+    back); from the workspace pool they go back with the build. What
+    outlives the build must then be copied out of them
+    (:meth:`.output.TreeOutput.finish`).
     """
     workspace = getattr(_active, "workspace", None)
-    if workspace is None or not enabled:
+    if workspace is None:
         return contextlib.nullcontext()
     return workspace.every_size()
 

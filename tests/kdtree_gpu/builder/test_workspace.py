@@ -62,15 +62,12 @@ def test_pooled_routes_every_size_to_the_running_build_only():
     with workspace.Workspace(cupy, 1 << 20) as ws:
         small = cupy.empty(1000, dtype=np.int32)
         assert ws.pool.used_bytes() == 0  # below min_block: the caller's
-        with workspace.pooled(False):
-            also_small = cupy.empty(1000, dtype=np.int32)
-        assert ws.pool.used_bytes() == 0
         with workspace.pooled():
             pooled = cupy.empty(1000, dtype=np.int32)
         assert ws.pool.used_bytes() >= pooled.nbytes
         after = cupy.empty(1000, dtype=np.int32)  # the context is left: the caller's again
         assert ws.pool.used_bytes() < pooled.nbytes + after.nbytes
-        del small, also_small, pooled, after
+        del small, pooled, after
     assert workspace.held_bytes() == 0
 
 
