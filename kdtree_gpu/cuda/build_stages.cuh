@@ -58,11 +58,9 @@ __device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long 
     if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
 }
 
-// An event's segment, axis * n + node: stored (seg, the per-stage path's
-// events) or, where seg is null (the level loop's), derived from the event's
-// place and its reference. A level's events of one axis are contiguous from
-// seg_event_offset[axis * n], and an event's node is its reference's; the loop
-// then keeps no segment per event, 8 bytes per event of capacity (two slots).
+// An event's segment axis * n + node: stored (seg; the per-stage path) or, seg null
+// (the level loop keeps none: 8 bytes per event of capacity), derived: a level's events
+// of one axis start at seg_event_offset[axis * n]; an event's node is its reference's.
 struct KdEventSegment {
     const int* seg;
     const int* event_ref;
@@ -72,7 +70,8 @@ struct KdEventSegment {
     __device__ __forceinline__ int axis(long long e) const
     {
         if (seg) return (int)(seg[e] / num_nodes);
-        return (int)(e >= seg_event_offset[num_nodes]) + (int)(e >= seg_event_offset[2 * num_nodes]);
+        return (int)(e >= seg_event_offset[num_nodes])
+               + (int)(e >= seg_event_offset[2 * num_nodes]);
     }
     // event e's segment, its node already known
     __device__ __forceinline__ int of(long long e, int node) const
@@ -97,11 +96,10 @@ struct KdLoadOpenClose {
     }
 };
 
-// A level's per-event costs: each float64 kept as its two 32-bit halves in
-// two arrays of E words. The level loop keeps them in the next level's slot
-// of event_ref and event_pos, which hold nothing between a level's cost pass
-// and its scatter, so that the costs take no memory of their own (9 bytes per
-// event of capacity with the sides); halves restore the exact bits.
+// A level's per-event costs: each float64 as its two 32-bit halves in two arrays
+// of E words. The level loop keeps them in the next level's slot of event_ref and
+// event_pos, which hold nothing between a level's cost pass and its scatter: the
+// costs take no memory of their own; halves restore the exact bits.
 struct KdEventCosts {
     unsigned int* hi;
     unsigned int* lo;
@@ -469,11 +467,9 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
     }
 }
 
-// Stages split_refs and split_events in one launch over max(R, E) threads:
-// thread i moves reference i (stable compaction into the children, or into
-// the level's leaf list) and event i (into its child segments, order kept, no
-// re-sort). An event points at its reference's copy in the same child, whose
-// index the thread computes from the same scans as the reference's thread.
+// Stages split_refs and split_events in one launch over max(R, E) threads: thread i
+// moves reference i (stable compaction into the children, or into the leaf list) and
+// event i (into its child segments, order kept), which points at its reference's copy.
 __device__ __forceinline__ void kd_ref_destinations(long long r, int node,
                                                     const long long* ref_lr_ex,
                                                     const long long* node_ref_offset,
