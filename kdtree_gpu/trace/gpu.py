@@ -12,14 +12,11 @@ The traversal layout of a tree (:class:`TraversalLayout`)
                                     one ``int2`` load per node
 ``refs``   (num_refs,) int32         the leaves' triangles as rows of ``tris``
                                     (``leaf_tris`` renumbered)
-``tris``   (3 * rows, 4) float32    the three vertices of every referenced
-                                    triangle, one ``float4`` each (16-byte
-                                    loads), once however many leaves hold it
-                                    (a tree has several references per
-                                    triangle: 6 on the bunny), in the order of
-                                    their first references so that a leaf's
-                                    triangles mostly lie side by side; the
-                                    first vertex's ``w`` holds the triangle id
+``tris``   (3 * rows, 4) float32    every referenced triangle's vertices, one
+                                    ``float4`` each, once however many leaves hold
+                                    it (6 on the bunny), in the order of their first
+                                    references (a leaf's triangles mostly side by
+                                    side); the first vertex's ``w`` is the id
 All are packed on the device (``kd_pack_layout`` and two more launches):
 the GPU builder packs them as its last step, and a tree that lives elsewhere
 (built on the CPU, loaded from a file) is copied to the device as it is and
