@@ -2,7 +2,7 @@
 # Run the GPU tests and (optionally) the GPU benchmarks on a CUDA machine.
 #
 #   bash benchmarks/gpu_checks.sh OUT_DIR [tests|tests-all|build|build-quick|level-loop|
-#       primitives|traversal|traversal-check|first-hit|query-overhead|query-profile|clip|render|build-paired|baseline-build|baseline-traversal]...
+#       primitives|traversal|traversal-check|first-hit|query-overhead|query-profile|clip|render|build-paired|baseline-build|baseline-traversal|memory-trace]...
 #
 # Meshes: $KDTREE_GPU_MESH_DIR (default ./.meshes, unpacked from ./.meshes.tar.xz
 # when that archive is there). Wheels of missing packages (trimesh, warp-lang,
@@ -54,6 +54,9 @@ for step in "${@:-tests}"; do
              | tail -12 ;;
     query-profile) python3 benchmarks/profile_query.py --peers-dir .peers --out "$out" 2>&1 \
              | tail -12 ;;
+    memory-trace) for m in stanford_bunny happy_buddha_100k conference stanford_armadillo \
+             stanford_armadillo@sub1; do python3 benchmarks/trace_build_memory.py "$m" \
+             --out "$out/memory_trace" 2>&1 | head -3; done ;;
     first-hit) python3 benchmarks/bench_first_hit.py --peers-dir .peers --out "$out" 2>&1 \
              | tee "$out/bench_first_hit.log" | tail -20 ;;
     baseline-build) (cd .baseline && KDTREE_GPU_COMMIT=$baseline_commit PYTHONPATH=$PWD:$base_path python3 benchmarks/bench_build.py \
