@@ -125,3 +125,20 @@ def test_gpu_small_subtrees_keep_queries_exact(mesh_path):
     O, D, tmin, tmax = random_rays(tree.bounds, 4000, 5)
     hits = tree.intersect(O, D, tmin, tmax, device="cuda")
     assert_same_hits(hits, intersect_brute(tree, O, D, tmin=tmin, tmax=tmax, device="cuda"))
+
+
+@pytest.mark.parametrize("cap_recs, cap_refs", [(1, 1), (1024, 4096), (3000, 7)])
+def test_the_subtree_buffers_are_disjoint_aligned_views_of_one_block(cap_recs, cap_refs):
+    # (NumPy stands in for CuPy: outside a build, pooled() changes nothing)
+    from kdtree_gpu.builder.gpu.small import _stage_buffers
+    from kdtree_gpu.builder.gpu.workspace import ALIGN
+
+    records, refs = _stage_buffers(np, cap_recs, cap_refs)
+    assert records.shape == (2, cap_recs, enc.SMALL_RECORD) and records.dtype == np.int32
+    assert refs.shape == (2, cap_refs) and refs.dtype == np.int32
+    assert records.base is refs.base is not None  # one block
+    gap = refs.ctypes.data - records.ctypes.data
+    assert gap % ALIGN == 0 and gap >= records.nbytes
+    records[...] = -1
+    refs[...] = 7
+    assert (records == -1).all() and (refs == 7).all()
