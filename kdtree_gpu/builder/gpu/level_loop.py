@@ -199,18 +199,14 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
 
 
 def copied_level(cp, events, refs, nodes):
-    """A copy of a level that lives in the loop's buffers, as the per-stage path
-    reads it: with each event's segment (:func:`..stages.event_segments`)."""
+    """A copy of a level whose events live in the loop's buffers (no ``event_seg``),
+    as the per-stage path reads it: with each event's segment
+    (:func:`..stages.event_segments`)."""
     from ..stages import event_segments
 
     refs = RefSoA(*(a.copy() for a in refs.args()))
     nodes = NodeSoA(*(a.copy() for a in nodes.args()))
-    seg = events.event_seg
-    if seg is None:
-        seg = event_segments(cp, events.event_ref, refs.ref_node, nodes.seg_event_offset,
-                             nodes.size)
-    else:
-        seg = seg.copy()
+    seg = event_segments(cp, events.event_ref, refs.ref_node, nodes.seg_event_offset, nodes.size)
     return EventSoA(*(a.copy() for a in events.args()[:3]), seg), refs, nodes
 
 
