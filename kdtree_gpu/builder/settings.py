@@ -37,22 +37,26 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
     too: the loop splits only nodes of more than ``small_refs`` references,
     so a level has at most ``2 * refs / (small_refs + 1)`` nodes, and the
     loop writes a small part of the tree (0.1-2.3 nodes and 1.3-3.2 leaf
-    entries per root reference; the subtrees write the rest). A build that
+    entries per root reference; the subtrees write the rest): room for 3 and
+    4 (the tree's first buffers were 5 and 5, 85 bytes per triangle of the
+    peak of conference and armadillo on an H100, where 55 do). A build that
     outgrows them stops and goes on with larger ones (one more launch; the
     smaller buffers go back to the device first).
 
     Returns
     -------
-    cap_events, cap_refs, cap_nodes, cap_tree : int
-        Events, references and nodes per level; tree nodes and leaf entries.
+    cap_events, cap_refs, cap_nodes : int
+        Events, references and nodes per level.
+    cap_tree : (int, int)
+        Tree nodes and leaf entries.
     """
     if not small_refs:
         return (widest_level(num_events) + 4096, widest_level(num_refs) + 1024,
-                5 * num_refs // 4 + 1024, 10 * num_refs + 256)
+                5 * num_refs // 4 + 1024, (10 * num_refs + 256,) * 2)
     widen = 3 if small_refs >= 48 else 4  # halves
     cap_refs = widen * num_refs // 2 + 1024
     return (widen * num_events // 2 + 4096, cap_refs, 2 * cap_refs // (small_refs + 1) + 1024,
-            5 * num_refs + 256)
+            (3 * num_refs + 256, 4 * num_refs + 256))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,7 +81,8 @@ class GpuSettings:
         them).
     loop_capacity : callable or None
         ``(num_events, num_refs) -> (cap_events, cap_refs, cap_nodes,
-        cap_tree)``: the first buffers of the level loop; None (the default):
+        cap_tree)``: the first buffers of the level loop (``cap_tree``: tree
+        nodes and leaf entries, a pair or one number for both); None (the default):
         :func:`default_loop_capacity` for ``small_refs``
         (:meth:`loop_capacities`).
     small_refs : int

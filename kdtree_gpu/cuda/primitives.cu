@@ -114,9 +114,11 @@ kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
 }
 
 // Each thread scans KD_SCAN_ITEMS consecutive items; tiles start at their prefix.
+// `out` may be `in` (a thread reads its items before the block's barriers and
+// writes only them after): no __restrict__ on either.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_tiles(const long long* __restrict__ in, long long n,
-              const long long* __restrict__ tile_prefix, long long* __restrict__ out)
+kd_scan_tiles(const long long* in, long long n,
+              const long long* __restrict__ tile_prefix, long long* out)
 {
     long long base = (long long)blockIdx.x * KD_SCAN_TILE + (long long)threadIdx.x * KD_SCAN_ITEMS;
     long long v[KD_SCAN_ITEMS];
@@ -137,10 +139,11 @@ kd_scan_tiles(const long long* __restrict__ in, long long n,
 
 // Small arrays: one block scans a whole array, one launch instead of three
 // (the builder's small levels are bound by launch overhead, not by the scan).
-// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1).
+// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1);
+// an output may be its input (kd_block_scan_range reads a tile before writing it).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_small_pair(const long long* __restrict__ in0, long long n0, long long* __restrict__ out0,
-                   const long long* __restrict__ in1, long long n1, long long* __restrict__ out1)
+kd_scan_small_pair(const long long* in0, long long n0, long long* out0,
+                   const long long* in1, long long n1, long long* out1)
 {
     if (blockIdx.x == 0)
         kd_block_scan(KdLoadArray{in0}, n0, out0);

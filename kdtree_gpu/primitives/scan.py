@@ -85,6 +85,30 @@ def inclusive_scan(x, dtype=None, description: str = "inclusive scan"):
     return xp.cumsum(x, dtype=dtype)
 
 
+def inclusive_scan_in_place(x, description: str = "inclusive scan"):
+    """Inclusive prefix sum of an int64 array, written over it (no second array:
+    for scans whose input is not needed after, where memory is the limit).
+
+    Parameters
+    ----------
+    x : (n,) int64, NumPy or CuPy
+        Overwritten with ``x[0] + ... + x[i]``.
+    description : str
+        Name of the launches in the profile (CuPy).
+
+    Returns
+    -------
+    x
+    """
+    xp = get_xp(x)
+    _check_1d("x", x)
+    if x.dtype != np.int64:
+        raise TypeError(f"inclusive_scan_in_place needs an int64 array, got dtype {x.dtype}")
+    if xp is np:
+        return np.cumsum(x, out=x)
+    return _scan_int64_cuda(x, x, description)
+
+
 def _check_offsets(offsets, n):
     _check_1d("offsets", offsets)
     if offsets.shape[0] < 1:

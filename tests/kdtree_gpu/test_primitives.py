@@ -101,6 +101,16 @@ def test_scans_match_loops(n):
     assert P.exclusive_scan(flags)[-1] == flags.sum()
 
 
+def test_in_place_scan_overwrites_its_input_and_takes_only_int64():
+    x = np.array([3, -1, 0, 7, 2], dtype=np.int64)
+    out = P.inclusive_scan_in_place(x)
+    assert out is x and x.tolist() == [3, 2, 2, 9, 11]
+    with pytest.raises(TypeError, match="int64 array, got dtype int32"):
+        P.inclusive_scan_in_place(np.zeros(3, dtype=np.int32))
+    with pytest.raises(ValueError, match="one-dimensional"):
+        P.inclusive_scan_in_place(np.zeros((2, 2), dtype=np.int64))
+
+
 @pytest.mark.parametrize("dtype", [np.int32, np.int64, np.float32, np.float64, np.bool_])
 @pytest.mark.parametrize("exclusive", [False, True])
 @pytest.mark.parametrize("n", [0, 1, 40, 257])

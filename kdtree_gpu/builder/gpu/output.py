@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
-from .workspace import ALIGN, pooled as workspace_pooled
+from .workspace import arrays_in_one_block, pooled as workspace_pooled
 
 
 # bytes a finished tree array may hold beyond its size instead of being copied
@@ -78,26 +78,19 @@ class TreeOutput:
     def _regrow_in_one_block(self, num_nodes, num_leaf_refs, used_nodes, used_leaf_refs, exact):
         """``reserve(pooled=True)``: when a buffer must grow, all five are made again
         in one block of the workspace pool (one device allocation)."""
-        import numpy as np
-
         arrays = [*self.nodes.args(), self.leaf]
         needs = [num_nodes] * 4 + [num_leaf_refs]
         if all(n <= a.shape[0] for a, n in zip(arrays, needs)):
             return
         rows = [a.shape[0] if n <= a.shape[0] else (n if exact else max(n, 2 * a.shape[0]))
                 for a, n in zip(arrays, needs)]
-        spans = [-(-r * a.itemsize // ALIGN) * ALIGN for a, r in zip(arrays, rows)]
         with workspace_pooled():
-            block = self.cp.empty(max(sum(spans), ALIGN), dtype=np.uint8)
+            made = arrays_in_one_block(self.cp, [((r,), a.dtype) for a, r in zip(arrays, rows)])
         used = [used_nodes] * 4 + [used_leaf_refs]
-        offset, made = 0, []
-        for a, r, span, keep in zip(arrays, rows, spans, used):
-            view = block[offset:offset + r * a.itemsize].view(a.dtype)
-            keep = min(a.shape[0] if keep is None else int(keep), a.shape[0], r)
+        for a, view, keep in zip(arrays, made, used):
+            keep = min(a.shape[0] if keep is None else int(keep), a.shape[0], view.shape[0])
             if keep:
                 view[:keep] = a[:keep]
-            made.append(view)
-            offset += span
         self.nodes, self.leaf = TreeNodeSoA(*made[:4]), made[4]
         self.pooled = True
 

@@ -20,7 +20,7 @@ from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings
-from .workspace import ALIGN, lasting, pooled
+from .workspace import arrays_in_one_block, lasting, pooled
 
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
@@ -131,21 +131,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
 def _stage_buffers(cp, cap_recs: int, cap_refs: int):
     """The records and reference lists of the subtree levels, two each, in one
     block of the workspace pool (one device allocation; the leaf packing's
-    two int64 per tree node are cut from it once it is freed, where they fit).
+    int64 per tree node is cut from it once it is freed, where it fits).
 
     Returns
     -------
     records : (2, cap_recs, SMALL_RECORD) int32
     refs : (2, cap_refs) int32
     """
-    record_bytes = 2 * cap_recs * enc.SMALL_RECORD * 4
-    ref_bytes = 2 * cap_refs * 4
-    start = -(-record_bytes // ALIGN) * ALIGN
     with pooled():
-        block = cp.empty(start + ref_bytes, dtype=np.uint8)
-    records = block[:record_bytes].view(np.int32).reshape(2, cap_recs, enc.SMALL_RECORD)
-    refs = block[start:start + ref_bytes].view(np.int32).reshape(2, cap_refs)
-    return records, refs
+        return tuple(arrays_in_one_block(cp, [((2, cap_recs, enc.SMALL_RECORD), np.int32),
+                                              ((2, cap_refs), np.int32)]))
 
 
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
@@ -156,14 +151,17 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     -------
     (num_leaf_refs,) cupy int32
     """
-    from ...primitives import inclusive_scan
+    from ...primitives import inclusive_scan_in_place
 
-    with pooled():  # temporaries: cut from the freed subtree buffers where they fit
-        counts = cp.empty(num_nodes + 1, dtype=np.int64)
+    # The counts become the offsets in place: a second int64 per node did not
+    # fit in the freed subtree buffers and was the bunny's peak (H100: 65 of
+    # its 549 bytes per triangle).
+    with pooled():  # a temporary: cut from the freed subtree buffers where it fits
+        offsets = cp.empty(num_nodes + 1, dtype=np.int64)
         nodes = out.nodes.struct()
         launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
-               (nodes, np.int64(num_nodes), counts))
-        offsets = inclusive_scan(counts, description="pack leaves: offsets")
+               (nodes, np.int64(num_nodes), offsets))
+        inclusive_scan_in_place(offsets, description="pack leaves: offsets")
     with lasting():  # the tree's own leaf list, at its size
         packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
     launch("pack leaves: copy", get_function(_SOURCE, "kd_pack_leaves"), num_nodes,

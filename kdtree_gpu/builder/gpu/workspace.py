@@ -255,6 +255,29 @@ class Workspace:
             self._level_class = level_class
 
 
+def aligned_offsets(nbytes) -> tuple:
+    """Where arrays of these byte sizes start when cut in order from one block,
+    each at a multiple of :data:`ALIGN`: ``(offsets, the block's size)``."""
+    offsets, end = [], 0
+    for n in nbytes:
+        offsets.append(end)
+        end += _aligned(n)
+    return offsets, max(end, ALIGN)
+
+
+def arrays_in_one_block(cp, fields) -> list:
+    """Arrays of the given ``(shape, dtype)``, cut in order from one device block
+    made with the current allocator (inside :func:`pooled`: one workspace
+    allocation, given back in one piece)."""
+    import numpy as np
+
+    sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in fields]
+    offsets, total = aligned_offsets(sizes)
+    block = cp.empty(total, dtype=np.uint8)
+    return [block[start:start + size].view(dtype).reshape(shape)
+            for (shape, dtype), start, size in zip(fields, offsets, sizes)]
+
+
 class BlockLayout:
     """Where the fields of some structures of arrays lie in one device block.
 
@@ -275,15 +298,15 @@ class BlockLayout:
     def __init__(self, groups):
         import numpy as np
 
-        offset = 0
+        groups = [(cls, list(shapes.values())) for cls, shapes in groups]
+        offsets, self.nbytes = aligned_offsets(
+            math.prod(shape) * np.dtype(dtype).itemsize
+            for _, fields in groups for shape, dtype in fields)
         self.groups = []  # (SoA class, [(shape, dtype, offset)], offsets as uint64)
-        for cls, shapes in groups:
-            fields = []
-            for shape, dtype in shapes.values():
-                fields.append((shape, dtype, offset))
-                offset += _aligned(math.prod(shape) * np.dtype(dtype).itemsize)
+        at = iter(offsets)
+        for cls, fields in groups:
+            fields = [(shape, dtype, next(at)) for shape, dtype in fields]
             self.groups.append((cls, fields, np.array([f[2] for f in fields], dtype=np.uint64)))
-        self.nbytes = max(offset, ALIGN)
 
     def allocate(self, cp) -> "LaidOutBlock":
         """A device block of this layout (uninitialized)."""

@@ -10,7 +10,7 @@ import pytest
 import cpu_reference
 from cpu_reference import naive
 import kdtree_gpu as kd
-from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_pair
+from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_in_place, inclusive_scan_pair
 from kdtree_gpu import SAHConfig
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import level_loop
@@ -274,6 +274,9 @@ def test_the_loop_plan_matches_the_first_buffers_of_a_root_level():
     cap_e, cap_r, cap_n, cap_new, cap_tree = caps
     assert (cap_e, cap_r, cap_n, cap_tree) == settings.loop_capacities(600_000, 100_000, small)
     assert cap_new == 0
+    # a capacity callable may give one number for the tree's nodes and leaf entries
+    caps = level_loop.loop_plan(cfg, GpuSettings(loop_capacity=tight_loop_capacity), 600, 100, 1)[2]
+    assert caps[4] == (1, 1)
     # perfect splits: room for new events, no deferral, and a root too large for
     # a new event's key goes to the per-stage path
     clip = SAHConfig(clip=True)
@@ -414,6 +417,9 @@ def test_gpu_scans_equal_numpy_cumsum(n):
     del junk
     got = inclusive_scan(cupy.asarray(values)).get()
     assert np.array_equal(got, expected)
+    # in place (the leaf packing's offsets): the same numbers over the input
+    x = cupy.asarray(values)
+    assert inclusive_scan_in_place(x) is x and np.array_equal(x.get(), expected)
     other = rng.integers(0, 1000, max(1, n // 3)).astype(np.int64)
     first, second = inclusive_scan_pair(cupy.asarray(values), cupy.asarray(other))
     assert np.array_equal(first.get(), expected)

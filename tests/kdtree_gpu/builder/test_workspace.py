@@ -138,6 +138,25 @@ class _HostBlocks:
                              offset=memptr.offset).reshape(shape)
 
 
+def test_arrays_cut_from_one_block_are_aligned_disjoint_and_shaped():
+    # (NumPy stands in for CuPy: outside a build, pooled() changes nothing)
+    from kdtree_gpu.builder.gpu.workspace import aligned_offsets, arrays_in_one_block
+
+    assert aligned_offsets([1, ALIGN, 0, 3]) == ([0, ALIGN, 2 * ALIGN, 2 * ALIGN], 3 * ALIGN)
+    assert aligned_offsets([]) == ([], ALIGN)
+    fields = [((5,), np.int8), ((3, 4), np.float32), ((0,), np.int64), ((7,), np.int64)]
+    arrays = arrays_in_one_block(np, fields)
+    assert [(a.shape, a.dtype) for a in arrays] == [(s, np.dtype(d)) for s, d in fields]
+    base = arrays[0].ctypes.data
+    assert all(a.base is arrays[0].base for a in arrays)  # one block
+    held = [a for a in arrays if a.size]  # (an empty view's address means nothing)
+    for a, b in zip(held, held[1:]):
+        assert (b.ctypes.data - base) % ALIGN == 0 and a.ctypes.data + a.nbytes <= b.ctypes.data
+    for i, a in enumerate(arrays):
+        a[...] = i
+    assert [int(a.sum()) for a in arrays] == [0, 12, 0, 21]
+
+
 @pytest.mark.parametrize("cap_new", [0, 400])
 def test_a_block_layout_gives_aligned_disjoint_fields_and_their_structs(cap_new):
     from kdtree_gpu.builder.gpu.level_loop import LevelBuffers
