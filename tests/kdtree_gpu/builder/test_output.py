@@ -83,12 +83,28 @@ def test_a_packed_leaf_list_is_handed_over_as_it_is():
 
 
 def test_a_view_never_holds_more_than_the_slack():
-    rows = VIEW_SLACK + 1000  # int8 node_axis: more than VIEW_SLACK unused bytes
+    rows = VIEW_SLACK // 13 + 1000  # 13 bytes per node: more than VIEW_SLACK unused bytes
     out = TreeOutput(np, rows, 16)
     arrays = out.finish(999, 16, keep_below=1 << 30)
-    for name, a in arrays.items():
-        base = a.base if a.base is not None else a
-        assert base.nbytes - a.nbytes <= VIEW_SLACK, name
+    assert all(a.base is None for a in arrays.values())  # copies
+    # within the slack: views of the one block
+    out = TreeOutput(np, 2000, 16)
+    block = out.leaf.base
+    arrays = out.finish(1999, 16, keep_below=1 << 30)
+    assert all(a.base is block for a in arrays.values())
+
+
+def test_the_five_buffers_share_one_block_and_regrow_into_one():
+    out = TreeOutput(np, 100, 50)
+    assert len({a.base.ctypes.data for a in [*out.nodes.args(), out.leaf]}) == 1
+    _fill(out, 90, 40)
+    out.reserve(150, 40, 90, 40)  # only the nodes must grow: all five move
+    assert out.node_capacity == 200 and out.leaf_capacity == 50
+    assert len({a.base.ctypes.data for a in [*out.nodes.args(), out.leaf]}) == 1
+    assert np.array_equal(out.leaf[:40], np.arange(40) * 3)
+    assert out.block_bytes == 200 * 13 + 50 * 4
+    out.reserve(201, 40, 90, 40, exact=True)
+    assert out.node_capacity == 201
 
 
 def test_a_grown_buffer_keeps_its_first_rows():
