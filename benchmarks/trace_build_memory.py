@@ -36,16 +36,31 @@ def _callers() -> str:
     return " < ".join(f"{os.path.basename(f.filename)}:{f.lineno}" for f in frames[-3:][::-1])
 
 
+def _holders(obj, depth: int = 2) -> str:
+    """Who refers to ``obj``: the functions whose frames hold it, else the types
+    (and, ``depth`` > 1, who holds those)."""
+    names = []
+    for ref in gc.get_referrers(obj):
+        if type(ref).__name__ == "frame":
+            names.append(f"{ref.f_code.co_name}()")
+        elif not isinstance(ref, (list, tuple)):  # (the collector's own lists)
+            outer = f"<{_holders(ref, depth - 1)}" if depth > 1 else ""
+            names.append(type(ref).__name__ + outer)
+    return ",".join(sorted(set(names))[:4])
+
+
 def _alive(cupy) -> list:
-    """(bytes, shape, dtype) of the device arrays of 64 KiB or more alive now, largest first."""
+    """(bytes, shape, dtype, holders) of the device arrays of 64 KiB or more alive now,
+    largest first."""
     seen = {}
     for obj in gc.get_objects():
         try:
             if isinstance(obj, cupy.ndarray) and obj.nbytes >= 1 << 16:
                 key = obj.data.mem.ptr if hasattr(obj.data.mem, "ptr") else id(obj.data.mem)
-                seen.setdefault(key, (obj.data.mem.size, str(obj.shape), str(obj.dtype)))
+                seen.setdefault(key, (obj.data.mem.size, str(obj.shape), str(obj.dtype),
+                                      _holders(obj)))
             elif type(obj).__name__ == "LaidOutBlock":
-                seen[obj.memory.mem.ptr] = (obj.layout.nbytes, "level-loop block", "")
+                seen[obj.memory.mem.ptr] = (obj.layout.nbytes, "level-loop block", "", "")
         except Exception:  # objects half torn down while the collector walks
             pass
     return sorted(seen.values(), reverse=True)
@@ -100,8 +115,8 @@ def trace(spec: str, mesh_dir: str) -> str:
                      f"widest level {max(r for r, _ in levels[1:]) / deferred:.3f} D records, "
                      f"{max(f for _, f in levels[1:]) / deferred:.3f} D references")
     lines.append(f"largest footprint at an allocation: {best['footprint'] / m:.0f} B per triangle "
-                 f"at {best.get('at')}; alive then (B per triangle, shape, dtype):")
-    lines += [f"   {size / m:8.1f}  {shape} {dtype}" for size, shape, dtype in
+                 f"at {best.get('at')}; alive then (B per triangle, shape, dtype, held by):")
+    lines += [f"   {size / m:8.1f}  {shape} {dtype}  {holders}" for size, shape, dtype, holders in
               best.get("alive", [])[:25]]
     lines.append("allocations of 64 KiB or more and samples (B per triangle: size, footprint after):")
     lines += [f"   {size / m:8.1f} {footprint / m:8.0f}  {where}" for where, size, footprint in log
