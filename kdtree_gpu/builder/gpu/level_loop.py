@@ -21,7 +21,7 @@ from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .output import grown
-from .workspace import BlockLayout
+from .workspace import BlockLayout, arrays_in_one_block
 
 _loop_cache: dict = {}
 
@@ -212,6 +212,18 @@ def copied_level(cp, events, refs, nodes):
     return EventSoA(*(a.copy() for a in events.args()[:3]), seg), refs, nodes
 
 
+def moved_aside(cp, workspace, events, refs, nodes):
+    """A copy of a level in one block of the workspace's second pool
+    (:meth:`.workspace.Workspace.aside`), without the events' segments (the
+    loop derives them): the blocks the level was cut from can go back."""
+    arrays = [*events.args()[:3], *refs.args(), *nodes.args()]
+    with workspace.aside():
+        moved = arrays_in_one_block(cp, [(a.shape, a.dtype) for a in arrays])
+    for a, copy in zip(arrays, moved):
+        copy[...] = a
+    return EventSoA(*moved[:3], None), RefSoA(*moved[3:5]), NodeSoA(*moved[5:])
+
+
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
     """Run levels from ``state`` in cooperative launches of the level-loop kernel.
 
@@ -254,13 +266,16 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     """
     kernel, resident = loop
     workspace = state.workspace
-    if state.stage_levels:
-        # Blocks cached from larger levels run by stages cannot hold the
-        # loop's one block: give them back before it is made.
-        workspace.trim()
     plan = loop_plan(cfg, settings, state.events.size, state.refs.size, state.nodes.size)
     if plan is None:
         return state  # for the per-stage path
+    if state.stage_levels:
+        # Blocks cached from larger levels run by stages cannot hold the
+        # loop's one block: give them back before it is made, with the ones
+        # the level was cut from (moved aside first).
+        state.events, state.refs, state.nodes = moved_aside(
+            cp, workspace, state.events, state.refs, state.nodes)
+        workspace.trim()
     max_events, small, (cap_e, cap_r, cap_n, cap_new, (tree_nodes, tree_leaves)) = plan
     # the root's buffers, made before its events were decoded into them
     buffers, state.buffers = state.buffers, None

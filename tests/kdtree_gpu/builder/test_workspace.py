@@ -89,7 +89,10 @@ def _result_bytes(tree):
     GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
     GpuSettings(small_min_refs=0),  # small nodes deferred: the output in the workspace pool
     GpuSettings(small_min_refs=0, loop_capacity=tight_loop_capacity),  # and relaunched
-], ids=["default", "all-workspace", "relaunched", "stages", "deferred", "deferred-relaunched"])
+    # the first levels by stages, then the loop from a level moved aside
+    GpuSettings(loop_max_events=4096, workspace_block=1, small_min_refs=0),
+], ids=["default", "all-workspace", "relaunched", "stages", "deferred", "deferred-relaunched",
+        "stages-then-loop"])
 def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     import cupy
 
@@ -107,11 +110,46 @@ def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
     # in use in the caller's pool: the tree, its layout and the mesh (each
     # array rounded up to the pool's 512-byte unit), small records, and the
     # tail of tree arrays kept as views of their output buffers; no level buffer
-    assert 0 <= pool.used_bytes() - before - result <= (1 << 16) + 5 * VIEW_SLACK
+    assert 0 <= pool.used_bytes() - before - result <= (1 << 16) + VIEW_SLACK
     # the peak counts the result and the level buffers (several times the
     # result on this scene, far less than a hundred)
     assert result < tree.build_info["peak_device_bytes"] < 100 * result
     assert_same_tree(cpu_reference.build(V, F), tree)
+    if settings.loop_max_events == 4096:
+        info = tree.build_info
+        assert info["stage_levels"] and info["loop_launches"] >= 1
+
+
+@gpu
+def test_a_level_moved_aside_is_a_copy_in_the_second_pool_that_goes_back():
+    import cupy
+
+    from kdtree_gpu.builder.gpu import workspace
+    from kdtree_gpu.builder.gpu.level_loop import moved_aside
+    from kdtree_gpu.builder.soa import EventSoA, NodeSoA, RefSoA
+
+    rng = np.random.default_rng(3)
+    with workspace.Workspace(cupy, 1) as ws:
+        events = EventSoA(cupy.asarray(rng.random(1000, dtype=np.float32)),
+                          cupy.asarray(rng.integers(0, 3, 1000).astype(np.int8)),
+                          cupy.arange(1000, dtype=np.int32), cupy.zeros(1000, dtype=np.int32))
+        refs = RefSoA(cupy.arange(300, dtype=np.int32), cupy.zeros(300, dtype=np.int32))
+        big = cupy.arange(100, dtype=np.int64)
+        nodes = NodeSoA(cupy.ones((7, 3), dtype=np.float32), cupy.full((7, 3), 2, np.float32),
+                        big[:8], big[10:32])  # views, as the stages leave them
+        moved = moved_aside(cupy, ws, events, refs, nodes)
+        assert moved[0].event_seg is None  # the loop derives segments
+        for before, after in zip([*events.args()[:3], *refs.args(), *nodes.args()],
+                                 [*moved[0].args()[:3], *moved[1].args(), *moved[2].args()]):
+            assert after.shape == before.shape and after.dtype == before.dtype
+            assert bool((after == before).all())
+        held = ws.aside_pool.used_bytes()
+        assert held >= sum(a.nbytes for g in moved for a in g.args() if a is not None)
+        assert ws.footprint() >= ws.pool.total_bytes() + held
+        del moved, events, refs, nodes, big, after, before
+        ws.trim()
+        assert ws.aside_pool.total_bytes() == 0
+    assert workspace.held_bytes() == 0
 
 
 class _HostBlocks:
