@@ -271,8 +271,9 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         return state  # for the per-stage path
     if state.stage_levels:
         # Blocks cached from larger levels run by stages cannot hold the
-        # loop's one block: give them back before it is made, with the ones
-        # the level was cut from (moved aside first).
+        # loop's one block: give them back before it is made, then the ones
+        # the level was cut from (once it is moved aside).
+        workspace.trim()
         state.events, state.refs, state.nodes = moved_aside(
             cp, workspace, state.events, state.refs, state.nodes)
         workspace.trim()
