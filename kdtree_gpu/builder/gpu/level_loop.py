@@ -280,7 +280,6 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     max_events, small, (cap_e, cap_r, cap_n, cap_new, (tree_nodes, tree_leaves)) = plan
     # the root's buffers, made before its events were decoded into them
     buffers, state.buffers = state.buffers, None
-    start_in_buffers = buffers is not None
     # The loop's share of the tree, as asked (growth by doubling made a
     # 1.38M-triangle build's tree buffers 10 nodes per triangle where the
     # tree has 3: 150 of its 864 bytes per triangle at the peak, H100).
@@ -340,12 +339,14 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         if slot >= 0:
             views = buffers.level(
                 slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
-        elif start_in_buffers:
+        elif state.events.event_seg is None:
+            # the start level, from the loop's buffers or moved aside: the
+            # per-stage path reads each event's segment
             views = (state.events, state.refs, state.nodes)
         if views is not None:
             state.events, state.refs, state.nodes = copied_level(cp, *views)
             del views
-        buffers, start_in_buffers = None, False
+        buffers = None
         need_events = int(record[enc.LOOP_NEED_EVENTS])
         if need_events > max_events or record[enc.LOOP_NEED_STAGES]:
             return state
