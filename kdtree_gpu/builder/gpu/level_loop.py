@@ -214,14 +214,21 @@ def copied_level(cp, events, refs, nodes):
 
 def moved_aside(cp, workspace, events, refs, nodes):
     """A copy of a level in one block of the workspace's second pool
-    (:meth:`.workspace.Workspace.aside`), without the events' segments (the
-    loop derives them): the blocks the level was cut from can go back."""
-    arrays = [*events.args()[:3], *refs.args(), *nodes.args()]
+    (:meth:`.workspace.Workspace.aside`): the blocks the level was cut from
+    can go back. The events keep their segments: the loop derives its own,
+    but when it hands its start level back at once, the per-stage path reads
+    them."""
+    arrays = [*events.args(), *refs.args(), *nodes.args()]
+    held = [a for a in arrays if a is not None]
     with workspace.aside():
-        moved = arrays_in_one_block(cp, [(a.shape, a.dtype) for a in arrays])
-    for a, copy in zip(arrays, moved):
-        copy[...] = a
-    return EventSoA(*moved[:3], None), RefSoA(*moved[3:5]), NodeSoA(*moved[5:])
+        moved = iter(arrays_in_one_block(cp, [(a.shape, a.dtype) for a in held]))
+    copies = []
+    for a in arrays:
+        copy = None if a is None else next(moved)
+        if copy is not None:
+            copy[...] = a
+        copies.append(copy)
+    return EventSoA(*copies[:4]), RefSoA(*copies[4:6]), NodeSoA(*copies[6:])
 
 
 def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, settings, mesh):
