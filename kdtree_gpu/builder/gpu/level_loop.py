@@ -347,8 +347,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             views = buffers.level(
                 slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
         elif state.events.event_seg is None:
-            # the start level, from the loop's buffers or moved aside: the
-            # per-stage path reads each event's segment
+            # the start level, decoded into the loop's buffers without
+            # segments: the per-stage path reads each event's segment
             views = (state.events, state.refs, state.nodes)
         if views is not None:
             state.events, state.refs, state.nodes = copied_level(cp, *views)
