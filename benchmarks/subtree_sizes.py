@@ -20,6 +20,11 @@ parent more, and it is split. So this script, from the reference tree alone:
 
 and prints them beside the sizes the builder reserves
 (``builder/gpu/small.py``, ``builder/settings.default_loop_capacity``).
+The deferred nodes, D and the subtree stage's widest levels agree exactly
+with what GPU builds report (``build_info`` small_subtrees and
+small_level_sizes, printed by ``trace_build_memory.py``; H100, bunny,
+conference and the armadillo subdivided once, whose first levels run by
+stages).
 Meshes below ``small_min_refs`` references defer nothing and are skipped.
 
     python benchmarks/subtree_sizes.py --mesh-dir DIR [--meshes NAME ...] [--out DIR]
@@ -84,7 +89,8 @@ def node_references(tree, parent, depth, leaf, weight):
         here = np.unique(np.concatenate([pending[pair_depth == d], carried]))
         nodes = here // m
         refs += np.bincount(nodes, minlength=refs.size)
-        weighted += np.bincount(nodes, weights=weight[here % m], minlength=refs.size).astype(np.int64)
+        weighted += np.bincount(nodes, weights=weight[here % m],
+                                minlength=refs.size).astype(np.int64)
         up = parent[nodes]
         keep = up >= 0
         carried = up[keep] * m + here[keep] % m
@@ -203,8 +209,8 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
 
 def table(rows):
     keys = list(RESERVED)
-    head = ["mesh", "triangles", "loop levels", "deferred", "D / tri"] + [f"{k} (reserved {RESERVED[k]})"
-                                                          for k in keys]
+    head = ["mesh", "triangles", "loop levels", "deferred", "D / tri"]
+    head += [f"{k} (reserved {RESERVED[k]})" for k in keys]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         if not r.get("deferred"):
@@ -247,9 +253,10 @@ def main():
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "subtree_sizes.json").write_text(json.dumps(
-            {"commit": commit, "date": date, "reserved": RESERVED, "meshes": rows}, indent=1) + "\n")
-        (out / "subtree_sizes.md").write_text("# What the GPU build's phases write\n\n" + text + "\n")
+        record = {"commit": commit, "date": date, "reserved": RESERVED, "meshes": rows}
+        (out / "subtree_sizes.json").write_text(json.dumps(record, indent=1) + "\n")
+        title = "# What the GPU build's phases write\n\n"
+        (out / "subtree_sizes.md").write_text(title + text + "\n")
 
 
 if __name__ == "__main__":

@@ -118,7 +118,8 @@ def trace(spec: str, mesh_dir: str) -> str:
                  f"at {best.get('at')}; alive then (B per triangle, shape, dtype, held by):")
     lines += [f"   {size / m:8.1f}  {shape} {dtype}  {holders}" for size, shape, dtype, holders in
               best.get("alive", [])[:25]]
-    lines.append("allocations of 64 KiB or more and samples (B per triangle: size, footprint after):")
+    lines.append("allocations of 64 KiB or more and samples "
+                 "(B per triangle: size, footprint after):")
     lines += [f"   {size / m:8.1f} {footprint / m:8.0f}  {where}" for where, size, footprint in log
               if size >= 1 << 16]
     return "\n".join(lines)

@@ -36,6 +36,6 @@ from .sort import (compact, compact_indices, lower_bound, radix_sort, segmented_
                    upper_bound)
 
 __all__ = ["REDUCE_OPS", "compact", "compact_indices", "exclusive_scan", "float_to_ordered_uint",
-           "inclusive_scan", "inclusive_scan_in_place", "inclusive_scan_pair", "lower_bound", "ordered_uint_to_float",
-           "radix_sort", "segment_ids", "segmented_argmin", "segmented_lower_bound", "segmented_reduce",
-           "segmented_scan", "upper_bound"]
+           "inclusive_scan", "inclusive_scan_in_place", "inclusive_scan_pair", "lower_bound",
+           "ordered_uint_to_float", "radix_sort", "segment_ids", "segmented_argmin",
+           "segmented_lower_bound", "segmented_reduce", "segmented_scan", "upper_bound"]
