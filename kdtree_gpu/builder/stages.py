@@ -101,7 +101,7 @@ def event_segments(xp, event_ref, ref_node, seg_event_offset, num_nodes: int):
     n = int(num_nodes)
     e = xp.arange(int(event_ref.shape[0]), dtype=np.int64)
     axis = (e >= seg_event_offset[n]).astype(np.int32) + (e >= seg_event_offset[2 * n])
-    return (axis.astype(np.int32) * np.int32(n) + ref_node[event_ref]).astype(np.int32)
+    return (axis * np.int32(n) + ref_node[event_ref]).astype(np.int32)
 
 
 def _half_area(d):

@@ -222,12 +222,9 @@ def moved_aside(cp, workspace, events, refs, nodes):
     held = [a for a in arrays if a is not None]
     with workspace.aside():
         moved = iter(arrays_in_one_block(cp, [(a.shape, a.dtype) for a in held]))
-    copies = []
-    for a in arrays:
-        copy = None if a is None else next(moved)
-        if copy is not None:
-            copy[...] = a
-        copies.append(copy)
+    copies = [None if a is None else next(moved) for a in arrays]
+    for a, copy in zip(held, (c for c in copies if c is not None)):
+        copy[...] = a
     return EventSoA(*copies[:4]), RefSoA(*copies[4:6]), NodeSoA(*copies[6:])
 
 

@@ -213,15 +213,18 @@ class Workspace:
         return False
 
     @contextlib.contextmanager
-    def every_size(self):
-        """A context in which allocations of every size come from the workspace pool."""
-        self._every_size += 1
+    def _within(self, depth: str):
+        """A context that counts itself in the attribute ``depth`` (contexts nest)."""
+        setattr(self, depth, getattr(self, depth) + 1)
         try:
             yield self
         finally:
-            self._every_size -= 1
+            setattr(self, depth, getattr(self, depth) - 1)
 
-    @contextlib.contextmanager
+    def every_size(self):
+        """A context in which allocations of every size come from the workspace pool."""
+        return self._within("_every_size")
+
     def aside(self):
         """A context in which allocations of every size come from a second pool.
 
@@ -234,11 +237,7 @@ class Workspace:
         214 bytes per triangle of the footprint at the peak held no live
         array).
         """
-        self._aside += 1
-        try:
-            yield self
-        finally:
-            self._aside -= 1
+        return self._within("_aside")
 
     def outputs(self):
         """A context in which allocations are the caller's (what the build returns)."""
