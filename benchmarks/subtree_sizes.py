@@ -235,14 +235,11 @@ def main():
     for spec in args.meshes:
         rows.append(sizes(spec, args.mesh_dir))
         print(json.dumps(rows[-1]), flush=True)
-    import datetime
     import platform
-    import subprocess
 
-    commit = os.environ.get("KDTREE_GPU_COMMIT") or subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-        cwd=Path(__file__).resolve().parent).stdout.strip()
-    date = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    from _common import git_commit, utc_now
+
+    commit, date = git_commit(), utc_now()
     text = (f"commit `{commit}`, {date}, {platform.machine()} CPU (no GPU: the sizes follow "
             "from the tree). "
             "Stage nodes and leaf entries, widest records and refs: per deferred reference D; "
