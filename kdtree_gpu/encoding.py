@@ -165,6 +165,9 @@ SCAN_BLOCK = 256  # threads of the block scans and of the three-launch scan
 SCAN_ITEMS = 8  # items per thread of a scan tile
 SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS
 SCAN_SMALL = 8 * SCAN_TILE  # up to this size one block scans a whole array
+# The level loop stores its flag scans as 16-bit counts within each block's
+# chunk (KdPackedScan, cuda/scan.cuh): a chunk holds at most this many items.
+SCAN_CHUNK_MAX = 65535
 PREPARE_BLOCK = 256  # kd_prepare_triangles
 LOOP_BLOCK = 512  # the level-loop kernel's blocks (two per multiprocessor)
 TRAVERSE_BLOCK = 128  # traversal kernels (__launch_bounds__)

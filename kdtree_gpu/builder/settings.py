@@ -36,10 +36,11 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
     with ``small_refs >= 48``, 2x with fewer (3.5x without deferral). Nodes
     too: the loop splits only nodes of more than ``small_refs`` references,
     so a level has at most ``2 * refs / (small_refs + 1)`` nodes, and the
-    loop writes a small part of the tree (0.1-2.3 nodes and 1.3-3.2 leaf
-    entries per root reference; the subtrees write the rest): room for 3 and
-    4 (the tree's first buffers were 5 and 5, 85 bytes per triangle of the
-    peak of conference and armadillo on an H100, where 55 do). A build that
+    loop writes a small part of the tree: 0.07-0.52 nodes and 1.0-3.2 leaf
+    entries per reference of its start level (the subtrees write the rest;
+    ``benchmarks/results/subtree_sizes.md``, armadillo subdivided once the
+    most nodes, conference the most leaf entries): room for 1 and 4 (each
+    node of room is 13 bytes per reference at the loop's peak). A build that
     outgrows them stops and goes on with larger ones (one more launch; the
     smaller buffers go back to the device first).
 
@@ -56,7 +57,7 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
     widen = 3 if small_refs >= 48 else 4  # halves
     cap_refs = widen * num_refs // 2 + 1024
     return (widen * num_events // 2 + 4096, cap_refs, 2 * cap_refs // (small_refs + 1) + 1024,
-            (3 * num_refs + 256, 4 * num_refs + 256))
+            (num_refs + 256, 4 * num_refs + 256))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -126,8 +126,11 @@ class LevelScratch(SoA):
 
     # (E + 1) one buffer, two lifetimes that do not overlap: the packed
     # (opens, closes) scan of the split search (read by the cost pass only),
-    # then the scan of the events' (left, right) flags (routing, scatter)
-    event_scan: object = soa_field(np.int64)
+    # then the scan of the events' (left, right) flags (routing, scatter).
+    # Both flag scans are stored chunked (KdPackedScan in cuda/scan.cuh: 16-bit
+    # counts since the start of a block's chunk, the chunks' bases in the
+    # kernel's block sums), as is ref_lr_ex.
+    event_scan: object = soa_field(np.uint32)
     # (the events' costs and sides have no rows here: the level loop keeps
     # them in the next level's slot of the events, KdEventCosts in build_stages.cuh)
     seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
@@ -140,8 +143,7 @@ class LevelScratch(SoA):
     split_leaf: object = soa_field(np.int64)  # (N + 1) packed (split, leaf refs)
     split_leaf_ex: object = soa_field(np.int64)  # (N + 1) its scan
     ref_class: object = soa_field(np.uint8)  # (R)
-    ref_lr: object = soa_field(np.int64)  # (R + 1) packed (left, right) flags
-    ref_lr_ex: object = soa_field(np.int64)  # (R + 1) their scan
+    ref_lr_ex: object = soa_field(np.uint32)  # (R + 1) scan of the (left, right) flags
     child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
     # Perfect splits in the level loop (no rows without clipping; C new events):
     ref_lo: object = soa_field(np.float32)  # (3R) each reference's box in its node
@@ -164,7 +166,7 @@ class LevelScratch(SoA):
         return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
                 "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
-                "ref_class": r, "ref_lr": r + 1, "ref_lr_ex": r + 1, "child_count": 8 * n + 2,
+                "ref_class": r, "ref_lr_ex": r + 1, "child_count": 8 * n + 2,
                 "ref_lo": c * 3 * r, "ref_hi": c * 3 * r, "copy_lo": c * 6 * r,
                 "copy_hi": c * 6 * r, "new_count": c * (6 * n + 1),
                 "new_offset": c * (6 * n + 1), "new_cursor": c * 6 * n, "new_key": cap_new,

@@ -71,6 +71,27 @@ __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
 }
 
+// The same, stored chunked (KdPackedScan: a level's flag scans take 4 bytes
+// an item, not 8): each block's counts since its chunk began, and the scan's
+// value before the chunk in chunk_base[block]. The host sizes the grid so
+// that a chunk holds at most KD_SCAN_CHUNK_MAX items (level_loop.loop_grid).
+template <typename Load>
+__device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
+    Load load, long long n, const long long* block_sum, unsigned int* local,
+    long long* chunk_base)
+{
+    long long begin, end;
+    kd_grid_chunk(n, &begin, &end);
+    long long before = 0;
+    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
+    long long carry;
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, &carry);
+    if (threadIdx.x == 0) chunk_base[blockIdx.x] = carry;
+    kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry,
+                                             KdStoreChunkLocal{local, carry});
+    return KdPackedScan(local, chunk_base, (n + gridDim.x - 1) / gridDim.x);
+}
+
 // The packed (left, right) flags of event i - 1, read from the class of its
 // reference, and 0 for i = 0: the scan input of route_events, computed as
 // the scan loads it. (The per-stage kernels classify each event's reference
@@ -84,6 +105,15 @@ struct KdLoadEventLR {
     __device__ long long operator()(long long i) const
     {
         return i == 0 ? 0 : kd_event_lr(ref_class[event_ref[i - 1]], clip);
+    }
+};
+
+// The same for reference i - 1 (route_refs), which goes to each child it overlaps.
+struct KdLoadRefLR {
+    const unsigned char* ref_class;
+    __device__ long long operator()(long long i) const
+    {
+        return i == 0 ? 0 : kd_pack_lr(ref_class[i - 1]);
     }
 };
 
@@ -128,7 +158,7 @@ __device__ __forceinline__ void kd_write_loop_status(long long* status, long lon
         KdNodes start_nodes, KdLevelSizes start, /* the level to start from (read only) */    \
         KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes, /* two levels */             \
         KdLevelScratch s, /* the level's scratch arrays, sized by the capacities */           \
-        long long *block_sum, /* (3, gridDim.x) */                                            \
+        long long *block_sum, /* (5, gridDim.x) */                                            \
         KdTreeNodes out, int *leaf_tris, /* the tree */                                       \
         int *deferred, /* (cap.deferred, KD_SMALL_RECORD) small nodes left for later */       \
         KdLoopCapacity cap, KdLoopSettings cfg,                                               \
@@ -168,6 +198,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     long long* sums0 = block_sum;
     long long* sums1 = block_sum + gridDim.x;
     long long* sums2 = block_sum + 2 * gridDim.x;
+    long long* event_base = block_sum + 3 * gridDim.x;  // chunk bases of the chunked scans
+    long long* ref_base = block_sum + 4 * gridDim.x;
     const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
     for (;;) {
         const int nxt = cur == 0 ? 1 : 0;
@@ -193,7 +225,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         kd_grid_scan_sums(open_close, num_events + 1, sums0);
         grid.sync();
         // s.event_scan holds this scan until the cost pass, then the routing's
-        kd_grid_scan_finish(open_close, num_events + 1, sums0, s.event_scan);
+        KdPackedScan event_scan = kd_grid_scan_finish_chunked(open_close, num_events + 1, sums0,
+                                                              s.event_scan, event_base);
         grid.sync();
         // The costs and sides live in the next level's slot until its scatter
         // (the slot holds at least this level's events: both have cap_events)
@@ -202,7 +235,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         signed char* event_side = lvl_events.event_kind + nxt * cap_events;
         // segments derived, not stored (the buffers hold no event_seg rows)
         const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
-        KdCostArgs cost = {pos, seg, s.event_scan, seg_event_offset, node_ref_offset, lo, hi,
+        KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost};
         kd_grid_for(num_events, [&](long long e) {
@@ -246,19 +279,22 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         KdClassifyArgs classify = {tri, node, ref, s.best_axis, s.best_pos, s.best_side,
                                    s.node_split, clip ? s.ref_lo : tri_lo,
                                    clip ? s.ref_hi : tri_hi, num_refs, num_events,
-                                   s.ref_class, s.ref_lr, nullptr, clip};
+                                   s.ref_class, nullptr, nullptr, clip};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();
         // route_refs and route_events: the flag scans, the child counts and
         // the scans of the child counts into the children's offsets
         kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
-        kd_grid_scan_sums(KdLoadArray{s.ref_lr}, num_refs + 1, sums1);
+        const KdLoadRefLR ref_lr = {s.ref_class};
+        kd_grid_scan_sums(ref_lr, num_refs + 1, sums1);
         const KdLoadEventLR event_lr = {ref, s.ref_class, clip};
         kd_grid_scan_sums(event_lr, num_events + 1, sums2);
         grid.sync();
-        kd_grid_scan_finish(KdLoadArray{s.ref_lr}, num_refs + 1, sums1, s.ref_lr_ex);
-        kd_grid_scan_finish(event_lr, num_events + 1, sums2, s.event_scan);
+        const KdPackedScan ref_lr_ex = kd_grid_scan_finish_chunked(ref_lr, num_refs + 1, sums1,
+                                                                   s.ref_lr_ex, ref_base);
+        event_scan = kd_grid_scan_finish_chunked(event_lr, num_events + 1, sums2, s.event_scan,
+                                                 event_base);
         const long long split_count = KD_LOW(s.split_leaf_ex[n]);
         if (clip) {
             // Perfect splits: each straddling reference clipped to both
@@ -288,7 +324,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             });
         }
         grid.sync();
-        KdRouteArgs route = {node_ref_offset, s.ref_lr_ex, seg_event_offset, s.event_scan,
+        KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
         kd_grid_for(4 * n, [&](long long t) {
             if (t >= 4 * n) return;
@@ -410,12 +446,12 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                 const long long first = seg_event_offset[ps];
                 const long long at = kd_lower_bound_if(first, seg_event_offset[ps + 1],
                     [&](long long e) { return kd_clip_key(pos[e], kind[e], ref[e]) < key; });
-                const long long lr_p = s.event_scan[at], lr_s = s.event_scan[first];
+                const long long lr_p = event_scan[at], lr_s = event_scan[first];
                 const long long kept = side ? KD_HIGH(lr_p) - KD_HIGH(lr_s)
                                             : KD_LOW(lr_p) - KD_LOW(lr_s);
                 s.new_rank[b + rank] = (int)kept;
                 long long dl, dr;
-                kd_ref_destinations(r, nd, s.ref_lr_ex, node_ref_offset, s.split_leaf_ex,
+                kd_ref_destinations(r, nd, ref_lr_ex, node_ref_offset, s.split_leaf_ex,
                                     child_ref_offset, &dl, &dr);
                 const long long dst = child_event_offset[c] + kept + rank;
                 child_pos[dst] = kd_clip_key_pos(key);
@@ -426,9 +462,9 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         }
         int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
         int* child_node = lvl_refs.ref_node + nxt * cap_refs;
-        KdScatterArgs scatter = {tri, node, s.ref_class, s.ref_lr_ex, node_ref_offset,
+        KdScatterArgs scatter = {tri, node, s.ref_class, ref_lr_ex, node_ref_offset,
                                  s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
-                                 s.event_scan, seg_event_offset, child_event_offset, n, num_refs,
+                                 event_scan, seg_event_offset, child_event_offset, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
                                  child_pos, child_kind, child_ref, nullptr, clip,
                                  clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};

@@ -130,7 +130,7 @@ struct KdEventCosts {
 struct KdCostArgs {
     const float* event_pos;
     KdEventSegment event_seg;
-    const long long* open_close_ex;
+    KdPackedScan open_close_ex;
     const long long* seg_event_offset;
     const long long* node_ref_offset;
     const float* node_lo;
@@ -336,7 +336,7 @@ struct KdClassifyArgs {
     const float* tri_hi;
     long long num_refs, num_events;
     unsigned char* ref_class;
-    long long* ref_lr;    // (R + 1)
+    long long* ref_lr;    // (R + 1); null: not stored (the level loop scans ref_class)
     long long* event_lr;  // (E + 1)
     int clip;
 };
@@ -344,13 +344,13 @@ struct KdClassifyArgs {
 // Reference i only (ref_class, ref_lr).
 __device__ __forceinline__ void kd_classify_ref(const KdClassifyArgs& a, long long i)
 {
-    if (i == 0) a.ref_lr[0] = 0;
+    if (i == 0 && a.ref_lr) a.ref_lr[0] = 0;
     if (i < a.num_refs) {
         unsigned char cls = kd_classify(a.clip ? (int)i : a.ref_tri[i], a.ref_node[i],
                                         a.best_axis, a.best_pos, a.best_side, a.node_split,
                                         a.tri_lo, a.tri_hi);
         a.ref_class[i] = cls;
-        a.ref_lr[i + 1] = kd_pack_lr(cls);
+        if (a.ref_lr) a.ref_lr[i + 1] = kd_pack_lr(cls);
     }
 }
 
@@ -384,9 +384,9 @@ __device__ __forceinline__ long long kd_child_group(long long g, long long num_n
 // references (into child_ref_count); item t >= n is segment t - n's events.
 struct KdRouteArgs {
     const long long* node_ref_offset;
-    const long long* ref_lr_ex;
+    KdPackedScan ref_lr_ex;
     const long long* seg_event_offset;
-    const long long* event_lr_ex;
+    KdPackedScan event_lr_ex;
     const bool* node_split;
     const long long* split_leaf_ex;
     long long num_nodes;
@@ -399,7 +399,7 @@ __device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t
     bool refs = t < a.num_nodes;
     long long g = refs ? t : t - a.num_nodes;
     const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
-    const long long* lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
+    const KdPackedScan& lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
     long long* child_count = refs ? a.child_ref_count : a.child_event_count;
     long long node = g % a.num_nodes;
     if (!a.node_split[node]) return;
@@ -471,7 +471,7 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
 // moves reference i (stable compaction into the children, or into the leaf list) and
 // event i (into its child segments, order kept), which points at its reference's copy.
 __device__ __forceinline__ void kd_ref_destinations(long long r, int node,
-                                                    const long long* ref_lr_ex,
+                                                    const KdPackedScan& ref_lr_ex,
                                                     const long long* node_ref_offset,
                                                     const long long* split_leaf_ex,
                                                     const long long* child_ref_offset,
@@ -488,7 +488,7 @@ struct KdScatterArgs {
     const int* ref_tri;
     const int* ref_node;
     const unsigned char* ref_class;
-    const long long* ref_lr_ex;
+    KdPackedScan ref_lr_ex;
     const long long* node_ref_offset;
     const long long* split_leaf_ex;
     const long long* child_ref_offset;
@@ -496,7 +496,7 @@ struct KdScatterArgs {
     const signed char* event_kind;
     const int* event_ref;
     KdEventSegment event_seg;
-    const long long* event_lr_ex;
+    KdPackedScan event_lr_ex;
     const long long* seg_event_offset;
     const long long* child_event_offset;
     long long num_nodes, num_refs, num_events, leaf_ref_base;

@@ -33,11 +33,12 @@ __device__ __forceinline__ long long kd_block_exclusive_scan(long long value, lo
 }
 
 // One block of BLOCK threads scans the values load(i) of i in [begin, end),
-// in tiles of BLOCK * KD_SCAN_ITEMS, writing carry + the inclusive scan to
-// out[i]. Ends with a barrier, so the block may read `out` right after.
-template <typename Load, int BLOCK = KD_SCAN_BLOCK>
+// in tiles of BLOCK * KD_SCAN_ITEMS, storing carry + the inclusive scan of i
+// with store(i, value) (out[i] = value for an array). Ends with a barrier, so
+// the block may read what it stored right after.
+template <typename Load, int BLOCK = KD_SCAN_BLOCK, typename Store>
 __device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, long long end,
-                                                    long long carry, long long* out)
+                                                    long long carry, Store store)
 {
     for (long long tile = begin; tile < end; tile += (long long)BLOCK * KD_SCAN_ITEMS) {
         long long base = tile + (long long)threadIdx.x * KD_SCAN_ITEMS;
@@ -53,12 +54,59 @@ __device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, 
         for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
             long long i = base + j;
             prefix += v[j];
-            if (i < end) out[i] = prefix;
+            if (i < end) store(i, prefix);
         }
         carry += total;
     }
     __syncthreads();
 }
+
+template <typename Load, int BLOCK = KD_SCAN_BLOCK>
+__device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, long long end,
+                                                    long long carry, long long* out)
+{
+    kd_block_scan_range<Load, BLOCK>(load, begin, end, carry,
+                                     [out](long long i, long long value) { out[i] = value; });
+}
+
+// A scan of packed (low, high << 32) counts, read as whole int64 values.
+// Stored whole (one int64 per item), or in halves of the bytes: where every
+// item adds at most 1 to each count (the builder's flag scans), as the
+// counts since the start of the item's chunk, 16 bits each, beside the
+// scan's value before each chunk (chunks of `chunk` items, at most
+// KD_SCAN_CHUNK_MAX so that a count fits: kd_store_chunk_local).
+struct KdPackedScan {
+    const long long* whole = nullptr;
+    const unsigned int* local = nullptr;
+    const long long* chunk_base = nullptr;
+    unsigned int chunk = 1;
+
+    KdPackedScan() = default;
+    __device__ KdPackedScan(const long long* w) : whole(w) {}
+    __device__ KdPackedScan(const unsigned int* l, const long long* b, long long c)
+        : local(l), chunk_base(b), chunk((unsigned int)c) {}
+
+    __device__ __forceinline__ long long operator[](long long i) const
+    {
+        if (whole) return whole[i];
+        // (the items of a chunked scan number fewer than 2**32)
+        const unsigned int v = local[i];
+        return chunk_base[(unsigned int)i / chunk] + ((long long)(v >> 16) << 32) + (v & 0xffffu);
+    }
+};
+
+// The store of a chunk's scan in the chunked form of KdPackedScan: the
+// counts since `carry`, the scan's value before the chunk (written to the
+// chunk's base by the caller).
+struct KdStoreChunkLocal {
+    unsigned int* local;
+    long long carry;
+    __device__ __forceinline__ void operator()(long long i, long long value) const
+    {
+        const long long d = value - carry;
+        local[i] = (unsigned int)(KD_HIGH(d) << 16 | KD_LOW(d));
+    }
+};
 
 // One block scans a whole array of n values.
 template <typename Load, int BLOCK = KD_SCAN_BLOCK>

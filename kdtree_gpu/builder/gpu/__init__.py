@@ -125,7 +125,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         first = None
         if grid_loop is not None:
             first = root_loop_buffers(cp, cfg, settings, root_event_count(num_root, planar),
-                                      num_root)
+                                      num_root, grid_loop[1])
         with stage(xp=cp, description="create_root_events"):
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
                                              out=first and first[1], scratch=first and first[2])

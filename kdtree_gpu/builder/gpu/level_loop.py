@@ -67,7 +67,7 @@ def level_loop_kernel(cp, clip: bool = False):
 LOOP_EVENTS_PER_THREAD = 1
 
 
-def loop_grid(num_events: int, resident: int, settings) -> int:
+def loop_grid(num_events: int, resident: int, settings, max_items: int = 0) -> int:
     """Blocks of a level-loop launch that starts at a level of ``num_events`` events.
 
     Each of a level's stages ends at a grid barrier whose cost grows with
@@ -76,13 +76,19 @@ def loop_grid(num_events: int, resident: int, settings) -> int:
     few blocks; a mesh whose widest level fills every resident block's
     threads ``LOOP_EVENTS_PER_THREAD`` times gets them all.
     ``settings.loop_blocks`` > 0 chooses the number (at most ``resident``).
+    Either way, the grid has at least enough blocks that each block's chunk
+    of a scan of ``max_items`` (the buffers' capacity plus one) holds at most
+    ``encoding.SCAN_CHUNK_MAX`` items, as the kernel's chunked scans need
+    (:func:`loop_plan` keeps the capacities within the resident blocks' reach).
     The tree does not depend on the grid: every scan and reduction of the
     kernel is over integers or an exact minimum.
     """
     if settings.loop_blocks:
-        return min(settings.loop_blocks, resident)
-    widest = widest_level(num_events)
-    return max(1, min(resident, -(-widest // (enc.LOOP_BLOCK * LOOP_EVENTS_PER_THREAD))))
+        grid = settings.loop_blocks
+    else:
+        widest = widest_level(num_events)
+        grid = -(-widest // (enc.LOOP_BLOCK * LOOP_EVENTS_PER_THREAD))
+    return max(1, min(resident, max(grid, -(-max_items // enc.SCAN_CHUNK_MAX))))
 
 
 @functools.lru_cache(maxsize=64)
@@ -132,8 +138,10 @@ class LevelBuffers:
                         nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
 
 
-def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int):
-    """How the level loop runs from a start level of these sizes.
+def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
+              resident: int = 0):
+    """How the level loop runs from a start level of these sizes, in launches of
+    at most ``resident`` blocks (0: any number).
 
     Returns
     -------
@@ -145,6 +153,12 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int):
         event's key can number).
     """
     max_events = settings.loop_max_events
+    if resident:
+        # the kernel's scans of a level's events (one more item than events)
+        # are cut into one chunk per block, each within SCAN_CHUNK_MAX items
+        max_events = min(max_events, resident * enc.SCAN_CHUNK_MAX - 1)
+        if num_events > max_events:
+            return None
     if cfg.clip:
         # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
         # and a level has at most a third as many references as events
@@ -177,7 +191,7 @@ def restart_capacity(need: int, fresh: int, limit: int = 0) -> int:
     return min(cap, limit) if limit else cap
 
 
-def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
+def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, resident: int):
     """The level loop's first buffers, made before the root events exist, so that
     they are decoded straight into its second slot (the first level writes
     its children to the first) rather than into arrays of their own beside
@@ -193,7 +207,7 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int):
     """
     if num_events > settings.loop_max_events:
         return None
-    plan = loop_plan(cfg, settings, num_events, num_refs, 1)
+    plan = loop_plan(cfg, settings, num_events, num_refs, 1, resident)
     if plan is None:
         return None
     buffers = LevelBuffers(cp, *plan[2][:4])
@@ -270,7 +284,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     """
     kernel, resident = loop
     workspace = state.workspace
-    plan = loop_plan(cfg, settings, state.events.size, state.refs.size, state.nodes.size)
+    plan = loop_plan(cfg, settings, state.events.size, state.refs.size, state.nodes.size,
+                     resident)
     if plan is None:
         return state  # for the per-stage path
     if state.stage_levels:
@@ -291,7 +306,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                 state.level_base, state.leaf_ref_base, exact=True)
     if state.stage_levels:
         workspace.trim()  # the tree's buffers it outgrew
-    block_sum = cp.empty(3 * resident, dtype=np.int64)
+    # three scans' block sums, then the chunk bases of the event and reference scans
+    block_sum = cp.empty(5 * resident, dtype=np.int64)
     loop_settings = LoopSettings.for_build(cfg, max_depth, small, max_events,
                                            settings.clip_segment)
     if state.deferred is None:
@@ -311,7 +327,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         if state.num_deferred:
             status[enc.LOOP_DEFER_NEXT] = state.num_deferred
             status[enc.LOOP_DEFER_REFS] = state.deferred_refs
-        grid = loop_grid(state.events.size, resident, settings)
+        grid = loop_grid(state.events.size, resident, settings, max(cap_e, cap_r) + 1)
         launch("build_levels_grid", kernel, grid * enc.LOOP_BLOCK,
                (tri_lo, tri_hi, *mesh, state.events.struct(), state.refs.struct(),
                 state.nodes.struct(), start.struct(), *buffers.structs(), block_sum,

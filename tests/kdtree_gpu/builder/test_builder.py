@@ -246,10 +246,17 @@ def test_gpu_level_loop_grid_does_not_change_the_tree(blocks, scene, mesh_path):
     grids = tree.build_info["loop_blocks"]
     assert len(grids) == tree.build_info["loop_launches"] >= 1
     assert all(1 <= g <= resident for g in grids)
+    # the first launch starts at the root, whose sizes build_info keeps: its
+    # grid is the one asked for, or more where a block's chunk of a scan of
+    # the buffers would hold more than SCAN_CHUNK_MAX items
+    _, root_refs, root_events = tree.build_info["level_sizes"][0]
+    cap_e, cap_r = level_loop.loop_plan(SAHConfig(), settings, root_events, root_refs, 1,
+                                        resident)[2][:2]
+    least = -(-(max(cap_e, cap_r) + 1) // kd.encoding.SCAN_CHUNK_MAX)
+    assert grids[0] * kd.encoding.SCAN_CHUNK_MAX >= max(cap_e, cap_r) + 1
     if blocks:
-        assert grids == [min(blocks, resident)] * len(grids)
-    else:  # the first launch starts at the root, whose sizes build_info keeps
-        root_events = tree.build_info["level_sizes"][0][2]
+        assert grids[0] == min(max(blocks, least), resident)
+    else:
         assert grids[0] == level_loop.loop_grid(root_events, resident, settings) < resident
 
 
@@ -283,6 +290,11 @@ def test_the_loop_plan_matches_the_first_buffers_of_a_root_level():
     _, small, caps = level_loop.loop_plan(clip, settings, 6000, 1000, 1)
     assert small == 0 and caps[3] == caps[0] // 2 + 1024
     assert level_loop.loop_plan(clip, GpuSettings(loop_max_events=1 << 40), 1 << 33, 1, 1) is None
+    # in launches of a few blocks, the buffers stay within the blocks' scan chunks
+    chunk = kd.encoding.SCAN_CHUNK_MAX
+    assert level_loop.loop_plan(cfg, settings, 2 * chunk, 1000, 1, resident=2) is None
+    max_events, _, caps = level_loop.loop_plan(cfg, settings, chunk, chunk // 3, 1, resident=2)
+    assert max_events == 2 * chunk - 1 and max(caps[0], caps[1]) + 1 <= 2 * chunk
 
 
 def test_loop_grid_from_the_start_level():
@@ -295,6 +307,13 @@ def test_loop_grid_from_the_start_level():
     assert level_loop.loop_grid(10 ** 9, 264, auto) == 264
     assert level_loop.loop_grid(10, 264, GpuSettings(loop_blocks=5)) == 5
     assert level_loop.loop_grid(10 ** 9, 264, GpuSettings(loop_blocks=500)) == 264
+    # at least enough blocks that a block's chunk of a scan of max_items items
+    # holds at most SCAN_CHUNK_MAX of them (the kernel stores 16-bit counts)
+    chunk = kd.encoding.SCAN_CHUNK_MAX
+    assert level_loop.loop_grid(10, 264, GpuSettings(loop_blocks=1), 4 * chunk) == 4
+    assert level_loop.loop_grid(10, 264, GpuSettings(loop_blocks=1), 4 * chunk + 1) == 5
+    assert level_loop.loop_grid(10, 264, auto, 3 * chunk) == 3
+    assert level_loop.loop_grid(10, 264, GpuSettings(loop_blocks=9), 3 * chunk) == 9
     with pytest.raises(ValueError, match="loop_blocks"):
         GpuSettings(loop_blocks=-1)
 
