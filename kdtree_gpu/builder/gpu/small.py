@@ -120,15 +120,26 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                  False)):
             if full & bit:
                 out.add_page(nodes, used, room // 2 + 2 * int(want[key]))
-        full_bufs = full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS)
-        if full_bufs:
-            # the level's output buffer (what it wrote is written again)
+        if full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS):
+            # Both buffers at least twice as large (the next level would find
+            # the other one full): the level's output made again (what it
+            # wrote is written again), its input grown with its rows kept.
             has = [a.shape[0] for a in buffers[first % 2]]
             child = rows[first + 1]
-            need = [int(child[k]) * 5 // 4 + 1024
-                    for k in (enc.SMALL_LEVEL_RECORDS, enc.SMALL_LEVEL_REFS)]
+            caps = [max(2 * h if full & bit else h, int(child[k]) * 5 // 4 + 1024)
+                    for h, bit, k in zip(has, (enc.SMALL_FULL_RECORDS, enc.SMALL_FULL_REFS),
+                                         (enc.SMALL_LEVEL_RECORDS, enc.SMALL_LEVEL_REFS))]
             buffers[first % 2] = None  # (its block goes back to the pool first)
-            buffers[first % 2] = _stage_buffers(cp, *(max(h, n) for h, n in zip(has, need)))
+            buffers[first % 2] = _stage_buffers(cp, *caps)
+            if first > 0:
+                old = buffers[1 - first % 2]
+                buffers[1 - first % 2] = _stage_buffers(cp, *(max(c, a.shape[0])
+                                                              for c, a in zip(caps, old)))
+                for dst, src, n in zip(buffers[1 - first % 2], old,
+                                       (rows[first, enc.SMALL_LEVEL_RECORDS],
+                                        rows[first, enc.SMALL_LEVEL_REFS])):
+                    dst[:n] = src[:n]
+                del old
         state.small_runs_full.append((first, full))
         # the level's counts and everything after it start again
         rows[first, enc.SMALL_LEVEL_NODES:] = 0
@@ -138,6 +149,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         if first == 0:
             sizes[enc.SMALL_HOLES] = 0
         counters.set(sizes)
+        # the blocks made again go back (the read left nothing running)
+        state.workspace.release_unused()
     del buffers
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
     live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_RECORDS]))
