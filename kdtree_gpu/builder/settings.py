@@ -67,18 +67,24 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     (``benchmarks/results/subtree_sizes.md``), the subtrees add 0.9-5.2
     nodes and 1.2-4.0 leaf entries per D (conference the fewest, the bunny
     the most), and their widest level holds 0.12-0.63 D records and
-    1.06-2.31 D references. A level that finds its room full is run again
-    with more (a second page of the tree, a larger buffer for its
-    children: :func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`), so
-    the first room is sized for most meshes, not for the largest: 3 D nodes
-    and 4 D leaf entries, and per level 0.5 D records and 2 D references.
+    1.06-2.31 D references. A level that finds its room full is run again,
+    with the levels after it, with more room (a second page of the tree, a
+    larger buffer for its children:
+    :func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). That costs
+    the levels' work again: on an H100 the bunny, whose widest levels found
+    0.5 D records and 2 D references per level full four times, took 15.9
+    instead of 8.8 ms. So the buffers hold what every mesh measured needs
+    (0.65 D records, 2.4 D references per level) and the tree, whose room
+    runs out late (it fills level by level), what most meshes need: 3 D
+    nodes (conference needs 0.9 D; the bunny gets a second page) and 4.5 D
+    leaf entries.
 
     Returns
     -------
     (tree nodes, leaf entries, records, references) : tuple of int
     """
     d = int(deferred_refs)
-    return 3 * d + 1024, 4 * d + 1024, d // 2 + 1024, 2 * d + 1024
+    return 3 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024
 
 
 @dataclasses.dataclass(frozen=True)

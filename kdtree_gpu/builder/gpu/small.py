@@ -99,6 +99,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                         out.leaf if level == 0 else src[1], np.int32(level), counters,
                         dst[0], dst[1], np.int64(dst[0].shape[0]), np.int64(dst[1].shape[0]),
                         *out.page_args(), loop_settings), block=enc.SMALL_BLOCK)
+            src = dst = None  # (else they would keep the last level's buffers alive)
             # one read: the tree's sizes (and whether every buffer had room)
             sizes = counters.get()
         full = int(sizes[enc.SMALL_OVERFLOW])
