@@ -71,20 +71,19 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     with the levels after it, with more room (a second page of the tree, a
     larger buffer for its children:
     :func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). That costs
-    the levels' work again: on an H100 the bunny, whose widest levels found
-    0.5 D records and 2 D references per level full four times, took 15.9
-    instead of 8.8 ms. So the buffers hold what every mesh measured needs
-    (0.65 D records, 2.4 D references per level) and the tree, whose room
-    runs out late (it fills level by level), what most meshes need: 3 D
-    nodes (conference needs 0.9 D; the bunny gets a second page) and 4.5 D
-    leaf entries.
-
+    the levels' work again, and the second page sits beside the first: on
+    an H100, with room for 3 D nodes, 4.5 D leaf entries, 0.65 D records and
+    2.4 D references, conference's peak fell from 494 to 418 bytes per
+    triangle, but the bunny's rose from 445 to 478 and its build took 10.8
+    instead of 6.3 ms (``benchmarks/results/build_memory_subtree_h100.md``).
+    So the room holds what every mesh measured needs: 6 D nodes, 5 D leaf
+    entries, 0.75 D records and 3 D references.
     Returns
     -------
     (tree nodes, leaf entries, records, references) : tuple of int
     """
     d = int(deferred_refs)
-    return 3 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024
+    return 6 * d + 1024, 5 * d + 1024, 3 * d // 4 + 1024, 3 * d + 1024
 
 
 @dataclasses.dataclass(frozen=True)

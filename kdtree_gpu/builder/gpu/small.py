@@ -38,9 +38,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     (those before it are done, and its input is only read) once the tree
     has a second page (:meth:`.output.TreeOutput.add_page`: nothing is
     copied) or the level's output buffer is larger. The first room is
-    ``settings.small_capacities`` of the deferred references, sized for most
-    meshes rather than the largest need (a 6 D tree and 1.5 D records per
-    buffer were conference's peak, where it needs 0.9 D and 0.12 D).
+    ``settings.small_capacities`` of the deferred references.
 
     Parameters
     ----------

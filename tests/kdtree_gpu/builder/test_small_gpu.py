@@ -110,8 +110,8 @@ def test_gpu_small_subtrees_run_again_when_the_output_is_full():
 
 def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
     d = 10_000
-    assert GpuSettings().small_capacities(d) == (3 * d + 1024, 9 * d // 2 + 1024,
-                                                 13 * d // 20 + 1024, 12 * d // 5 + 1024)
+    assert GpuSettings().small_capacities(d) == (6 * d + 1024, 5 * d + 1024,
+                                                 3 * d // 4 + 1024, 3 * d + 1024)
     tiny = GpuSettings(small_capacity=lambda refs: (0, 1, 2, refs))
     assert tiny.small_capacities(5) == (1, 1, 2, 5)  # at least one row each
 
