@@ -84,7 +84,10 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
     # level L reads buffer 1 - L % 2 (level 0: the records) and writes L % 2
-    buffers = [_stage_buffers(cp, cap_recs, cap_refs) for _ in range(2)]
+    # (both in one block at first: a level that finds its own full gets its own)
+    records, refs = _stage_buffers(cp, (2, cap_recs), (2, cap_refs))
+    buffers = [(records[0], refs[0]), (records[1], refs[1])]
+    del records, refs
     first = 0
     counters = cp.asarray(sizes)
     while True:
@@ -155,19 +158,21 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     return int(sizes[enc.SMALL_DEPTH])
 
 
-def _stage_buffers(cp, cap_recs: int, cap_refs: int):
-    """The records and reference list a subtree level writes, in one block of the
-    workspace pool (one device allocation; the leaf packing's int64 per tree
-    node is cut from the freed ones, where it fits).
+def _stage_buffers(cp, cap_recs, cap_refs):
+    """Records and reference lists of subtree levels, in one block of the workspace
+    pool (one device allocation; the leaf packing's int64 per tree node is
+    cut from the freed ones, where it fits). ``cap_recs``, ``cap_refs``: a
+    level's rows, or ``(2, rows)`` for both buffers.
 
     Returns
     -------
-    records : (cap_recs, SMALL_RECORD) int32
-    refs : (cap_refs,) int32
+    records : (..., cap_recs, SMALL_RECORD) int32
+    refs : (..., cap_refs) int32
     """
+    recs, refs = (tuple(c) if isinstance(c, tuple) else (c,) for c in (cap_recs, cap_refs))
     with pooled():
-        return tuple(arrays_in_one_block(cp, [((cap_recs, enc.SMALL_RECORD), np.int32),
-                                              ((cap_refs,), np.int32)]))
+        return tuple(arrays_in_one_block(cp, [((*recs, enc.SMALL_RECORD), np.int32),
+                                              (refs, np.int32)]))
 
 
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):

@@ -179,9 +179,11 @@ def test_the_subtree_buffers_are_disjoint_aligned_views_of_one_block(cap_recs, c
     from kdtree_gpu.builder.gpu.small import _stage_buffers
     from kdtree_gpu.builder.gpu.workspace import ALIGN
 
-    records, refs = _stage_buffers(np, cap_recs, cap_refs)
-    assert records.shape == (cap_recs, enc.SMALL_RECORD) and records.dtype == np.int32
-    assert refs.shape == (cap_refs,) and refs.dtype == np.int32
+    records, refs = _stage_buffers(np, (2, cap_recs), (2, cap_refs))  # both levels' buffers
+    assert records.shape == (2, cap_recs, enc.SMALL_RECORD) and records.dtype == np.int32
+    assert refs.shape == (2, cap_refs) and refs.dtype == np.int32
+    one = _stage_buffers(np, cap_recs, cap_refs)  # one level's
+    assert one[0].shape == (cap_recs, enc.SMALL_RECORD) and one[1].shape == (cap_refs,)
     assert records.base is refs.base is not None  # one block
     gap = refs.ctypes.data - records.ctypes.data
     assert gap % ALIGN == 0 and gap >= records.nbytes
