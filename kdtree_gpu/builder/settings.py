@@ -60,32 +60,6 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
             (num_refs + 256, 4 * num_refs + 256))
 
 
-def default_small_capacity(deferred_refs: int) -> tuple:
-    """The subtree stage's first room, from the deferred nodes' references D.
-
-    Measured on the meshes of the mesh directory
-    (``benchmarks/results/subtree_sizes.md``), the subtrees add 0.9-5.2
-    nodes and 1.2-4.0 leaf entries per D (conference the fewest, the bunny
-    the most), and their widest level holds 0.12-0.63 D records and
-    1.06-2.31 D references. A level that finds its room full is run again,
-    with the levels after it, with more room (a second page of the tree, a
-    larger buffer for its children:
-    :func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). That costs
-    the levels' work again, and the second page sits beside the first: on
-    an H100, with room for 3 D nodes, 4.5 D leaf entries, 0.65 D records and
-    2.4 D references, conference's peak fell from 494 to 418 bytes per
-    triangle, but the bunny's rose from 445 to 478 and its build took 10.8
-    instead of 6.3 ms (``benchmarks/results/build_memory_subtree_h100.md``).
-    So the room holds what every mesh measured needs: 6 D nodes, 5 D leaf
-    entries, 0.75 D records and 3 D references.
-    Returns
-    -------
-    (tree nodes, leaf entries, records, references) : tuple of int
-    """
-    d = int(deferred_refs)
-    return 6 * d + 1024, 5 * d + 1024, 3 * d // 4 + 1024, 3 * d + 1024
-
-
 @dataclasses.dataclass(frozen=True)
 class GpuSettings:
     """Settings of the GPU level drivers (:mod:`kdtree_gpu.builder.gpu`).
@@ -133,10 +107,6 @@ class GpuSettings:
         Records of deferred nodes the first buffer holds (0: a quarter of the
         root's references, at least 1024); the loop stops and is launched
         again with twice what it needs when they run out.
-    small_capacity : callable or None
-        ``deferred_refs -> (tree nodes, leaf entries, records, references)``:
-        the subtree stage's first room (records and references per level);
-        None (the default): :func:`default_small_capacity`.
     workspace_block : int
         Allocations of the build of at least this many bytes come from the
         build's own pool, which gives its memory back to the device when the
@@ -173,7 +143,6 @@ class GpuSettings:
     small_refs: int = enc.SMALL_MAX_REFS
     small_min_refs: int = 32768
     small_records: int = 0
-    small_capacity: object = None
     workspace_block: int = 4 << 20
     loop_blocks: int = 0
     clip_segment: int = 8192
@@ -191,12 +160,6 @@ class GpuSettings:
         if self.loop_capacity is None:
             return default_loop_capacity(num_events, num_refs, small_refs)
         return self.loop_capacity(num_events, num_refs)
-
-    def small_capacities(self, deferred_refs: int) -> tuple:
-        """The subtree stage's first room for ``deferred_refs`` deferred references:
-        ``(tree nodes, leaf entries, records, references)``, each at least 1."""
-        make = self.small_capacity or default_small_capacity
-        return tuple(max(1, int(n)) for n in make(deferred_refs))
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_min_refs": (0, None),

@@ -10,7 +10,6 @@ for all the levels that fit in its buffers.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 
 import numpy as np
@@ -22,7 +21,7 @@ from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .output import grown
-from .workspace import BlockLayout, arrays_in_one_block, pooled
+from .workspace import BlockLayout, arrays_in_one_block
 
 _loop_cache: dict = {}
 
@@ -303,12 +302,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     # The loop's share of the tree, as asked (growth by doubling made a
     # 1.38M-triangle build's tree buffers 10 nodes per triangle where the
     # tree has 3: 150 of its 864 bytes per triangle at the peak, H100).
-    # When the subtree stage follows, it moves the tree into a larger block,
-    # and this one, and the deferral records, are the workspace's: on a small
-    # mesh the caller's pool kept them cached until the build ended (H100,
-    # bunny: 55 and 10 bytes per triangle of the subtree stage's footprint).
     out.reserve(state.level_base + tree_nodes, state.leaf_ref_base + tree_leaves,
-                state.level_base, state.leaf_ref_base, exact=True, pooled=bool(small))
+                state.level_base, state.leaf_ref_base, exact=True)
     if state.stage_levels:
         workspace.trim()  # the tree's buffers it outgrew
     # three scans' block sums, then the chunk bases of the event and reference scans
@@ -317,8 +312,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                                            settings.clip_segment)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
-        with pooled() if small else contextlib.nullcontext():
-            state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
+        state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         if buffers is None:
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
@@ -388,6 +382,5 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
-            with pooled():
-                state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
+            state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
         workspace.trim()
