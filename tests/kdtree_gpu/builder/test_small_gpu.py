@@ -33,7 +33,7 @@ def test_default_loop_buffers_are_narrower_with_the_small_node_stage():
     with_stage = settings.loop_capacities(60_000, 10_000, 64)
     fewer = settings.loop_capacities(60_000, 10_000, 16)
     without = settings.loop_capacities(60_000, 10_000, 0)
-    assert with_stage == (90_000 + 4096, 15_000 + 1024, 2 * 16_024 // 65 + 1024, (30_256, 40_256))
+    assert with_stage == (90_000 + 4096, 15_000 + 1024, 2 * 16_024 // 65 + 1024, (10_256, 40_256))
     assert fewer[:3] == (120_000 + 4096, 20_000 + 1024, 2 * 21_024 // 17 + 1024)
     assert without == (7 * 60_000 // 2 + 4096, 7 * 10_000 // 2 + 1024, 12_500 + 1024,
                        (100_256, 100_256))
