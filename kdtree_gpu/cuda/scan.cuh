@@ -70,11 +70,11 @@ __device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, 
 }
 
 // A scan of packed (low, high << 32) counts, read as whole int64 values.
-// Stored whole (one int64 per item), or in halves of the bytes: where every
-// item adds at most 1 to each count (the builder's flag scans), as the
-// counts since the start of the item's chunk, 16 bits each, beside the
-// scan's value before each chunk (chunks of `chunk` items, at most
-// KD_SCAN_CHUNK_MAX so that a count fits: kd_store_chunk_local).
+// Stored whole (one int64 per item), or in half the bytes where every item
+// adds at most 1 to each count (the level loop's flag scans): the counts
+// since the start of the item's chunk, 16 bits each (KdStoreChunkLocal),
+// beside the scan's value before each chunk. Chunks hold `chunk` items, at
+// most KD_SCAN_CHUNK_MAX, so that a count fits in 16 bits.
 struct KdPackedScan {
     const long long* whole = nullptr;
     const unsigned int* local = nullptr;
