@@ -50,7 +50,14 @@ MESHES = ["stanford_bunny", "sponza_dabrovic", "happy_buddha_100k", "lucy_100k",
 # what the builder reserves, per deferred reference D (small.py) and per reference
 # of the loop's start level (settings.default_loop_capacity, small_refs >= 48)
 RESERVED = {"stage nodes": 6, "stage leaf entries": 5, "widest records": 0.75,
-            "widest refs": 3, "loop nodes": 3, "loop leaf entries": 4}
+            "widest refs": 3, "loop nodes": 1, "loop leaf entries": 4}
+# rooms for the subtree stage's tree nodes, per D, whose running out is reported:
+# the level of the stage that would find it full, the share of the stage's work
+# (references its levels process) that level holds (what a run that goes on from
+# the full level does twice: the levels after it return at once in the run that
+# found it full), and the share from that level on (what a second run of every
+# level from there does again)
+ROOMS = (2, 3, 4)
 
 
 def tree_levels(node_axis, node_child, leaf):
@@ -185,6 +192,20 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
     for k in range(1, int(rel.max()) + 1):
         at = live & (rel == k)
         levels.append((int(at.sum()), int(refs[at].sum())))
+    # level L of the stage processes the nodes at L below their deferred roots
+    # (its references: the work) and writes the nodes at L + 1
+    depth_rel = int(rel.max()) + 1
+    work = np.array([int(refs[live & (rel == k)].sum()) for k in range(depth_rel)])
+    written = np.array([int((in_stage & (rel == k + 1)).sum()) for k in range(depth_rel)])
+    runs_out = {}
+    for room in ROOMS:
+        full = np.flatnonzero(np.cumsum(written) > room * refs[deferred].sum())
+        if full.size:
+            level = int(full[0])
+            runs_out[f"{room} D"] = [level, round(float(work[level] / work.sum()), 3),
+                                     round(float(work[level:].sum() / work.sum()), 3)]
+        else:
+            runs_out[f"{room} D"] = None
     # what each launch of the loop writes (its levels' nodes, their leaf entries
     # and the deferred nodes' entries, later holes), per reference of its first level
     loop_nodes = loop_entries = 0.0
@@ -203,6 +224,8 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
         "subtree levels": len(levels),
         "loop nodes": round(float(loop_nodes), 3),
         "loop leaf entries": round(float(loop_entries), 3),
+        "stage level work": work.tolist(), "stage level nodes": written.tolist(),
+        "node room runs out": runs_out,
     })
     return row
 
@@ -222,6 +245,19 @@ def table(rows):
                  f"{r['D_per_triangle']:.2f}"]
         cells += [f"{r[k]:.2f}" + (" **over**" if r[k] > RESERVED[k] else "") for k in keys]
         lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", "Where a room of R D tree nodes would run out in the subtree stage: the "
+              "level that finds it full, the share of the stage's work (references its "
+              "levels process) in that level, and from that level on.", "",
+              "| mesh | levels | " + " | ".join(f"{room} D" for room in ROOMS) + " |",
+              "|" + "---|" * (2 + len(ROOMS))]
+    for r in rows:
+        if not r.get("deferred"):
+            continue
+        out = r["node room runs out"]
+        cells = [f"level {out[k][0]}: {100 * out[k][1]:.0f}%, {100 * out[k][2]:.0f}% on"
+                 if out[k] else "fits"
+                 for k in (f"{room} D" for room in ROOMS)]
+        lines.append(f"| {r['mesh']} | {r['subtree levels']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
