@@ -373,7 +373,9 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         need_refs, need_nodes = int(record[enc.LOOP_NEED_REFS]), int(record[enc.LOOP_NEED_NODES])
         policy = settings.loop_capacities(need_events, need_refs, small)
         cap_e = max(cap_e, restart_capacity(need_events, policy[0], max_events))
-        cap_r = max(cap_r, restart_capacity(need_refs, policy[1]))
+        # (a level has no more references than events: within max_events, as the
+        # chunked scans need)
+        cap_r = max(cap_r, restart_capacity(need_refs, policy[1], max_events))
         cap_n = max(cap_n, restart_capacity(need_nodes, policy[2]))
         if cfg.clip:
             cap_new = max(cap_new, 2 * int(record[enc.LOOP_NEED_NEW_EVENTS]))
