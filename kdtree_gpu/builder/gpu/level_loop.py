@@ -149,22 +149,21 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
         The most events a level of the loop may hold, the deferral bound
         ``small_refs`` (0: none), and the first buffers' ``(cap_events,
         cap_refs, cap_nodes, cap_new, (tree nodes, leaf entries))``; None when the level is
-        for the per-stage path (with perfect splits, more events than a new
-        event's key can number).
+        for the per-stage path: more events than ``settings.loop_max_events``,
+        than the resident blocks' scan chunks hold, or, with perfect splits,
+        than a new event's key can number.
     """
     max_events = settings.loop_max_events
     if resident:
         # the kernel's scans of a level's events (one more item than events)
         # are cut into one chunk per block, each within SCAN_CHUNK_MAX items
         max_events = min(max_events, resident * enc.SCAN_CHUNK_MAX - 1)
-        if num_events > max_events:
-            return None
     if cfg.clip:
         # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
         # and a level has at most a third as many references as events
         max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
-        if num_events > max_events:
-            return None
+    if num_events > max_events:
+        return None
     # the small-node kernel does not clip: with clip=True no node is deferred
     small = 0 if cfg.clip else settings.small_refs_for(num_refs)
     cap_e, cap_r, cap_n, cap_tree = settings.loop_capacities(num_events, num_refs, small)
@@ -205,8 +204,6 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, residen
         the loop runs), where the root's sort can make its temporaries;
         None when the loop will not run from the root.
     """
-    if num_events > settings.loop_max_events:
-        return None
     plan = loop_plan(cfg, settings, num_events, num_refs, 1, resident)
     if plan is None:
         return None
