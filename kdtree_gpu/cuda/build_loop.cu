@@ -35,12 +35,14 @@ __device__ __forceinline__ void kd_grid_for(long long n, Body body)
 // Grid-wide inclusive scan of n values load(i) into out, in two halves with a
 // grid barrier between them, so that several scans (and other work) share
 // their barriers. Block b owns the contiguous chunk [begin, end) of the input.
-__device__ __forceinline__ void kd_grid_chunk(long long n, long long* begin, long long* end)
+// Returns the chunk size (every block's but the last ones').
+__device__ __forceinline__ long long kd_grid_chunk(long long n, long long* begin, long long* end)
 {
     long long chunk = (n + gridDim.x - 1) / gridDim.x;
     long long b = (long long)blockIdx.x * chunk;
     *begin = b < n ? b : n;
     *end = b + chunk < n ? b + chunk : n;
+    return chunk;
 }
 
 // First half: block_sum[block] = the sum of the block's chunk.
@@ -58,16 +60,24 @@ __device__ __forceinline__ void kd_grid_scan_sums(Load load, long long n, long l
 
 // Second half (after a grid barrier): each block scans its chunk, starting
 // from the sum of the chunks before it.
+// kd_grid_scan_carry gives the block's chunk and the sum of the chunks before it.
+__device__ __forceinline__ long long kd_grid_scan_carry(long long n, const long long* block_sum,
+                                                        long long* begin, long long* end,
+                                                        long long* carry)
+{
+    const long long chunk = kd_grid_chunk(n, begin, end);
+    long long before = 0;
+    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, carry);
+    return chunk;
+}
+
 template <typename Load>
 __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
                                                     const long long* block_sum, long long* out)
 {
-    long long begin, end;
-    kd_grid_chunk(n, &begin, &end);
-    long long before = 0;
-    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
-    long long carry;
-    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, &carry);
+    long long begin, end, carry;
+    kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
 }
 
@@ -80,16 +90,12 @@ __device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
     Load load, long long n, const long long* block_sum, unsigned int* local,
     long long* chunk_base)
 {
-    long long begin, end;
-    kd_grid_chunk(n, &begin, &end);
-    long long before = 0;
-    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
-    long long carry;
-    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, &carry);
+    long long begin, end, carry;
+    const long long chunk = kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
     if (threadIdx.x == 0) chunk_base[blockIdx.x] = carry;
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry,
                                              KdStoreChunkLocal{local, carry});
-    return KdPackedScan(local, chunk_base, (n + gridDim.x - 1) / gridDim.x);
+    return KdPackedScan(local, chunk_base, chunk);
 }
 
 // The packed (left, right) flags of event i - 1, read from the class of its
