@@ -104,15 +104,25 @@ SMALL_MAX_REFS = 64  # two references per lane of a warp
 SMALL_RECORD = 10
 SMALL_BLOCK = 128  # threads of the subtree kernel: four warps, one node each
 SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scratch
-# int64 counters of the subtree kernel: tree nodes and leaf_tris entries
-# written, an overflow flag, the deepest leaf, and the leaf_tris entries the
-# deferred nodes' level-loop leaves leave unused
+# int64 counters of the subtree kernel: the tree nodes and leaf_tris entries
+# written before its first level, an overflow flag, the deepest leaf, the
+# leaf_tris entries the deferred nodes' level-loop leaves leave unused, and
+# the first level that found a buffer full. Then SMALL_LEVEL_ROW per level L:
+# the records and references of level L (written by level L - 1), and the
+# tree nodes and leaf entries level L takes (so that a run can go on from a
+# level: the counts before it are the sums of the rows above it).
 SMALL_NODES = 0
 SMALL_LEAVES = 1
 SMALL_OVERFLOW = 2
 SMALL_DEPTH = 3
 SMALL_HOLES = 4
-SMALL_COUNTERS = 5
+SMALL_FULL_LEVEL = 5
+SMALL_COUNTERS = 6
+SMALL_LEVEL_RECORDS = 0
+SMALL_LEVEL_REFS = 1
+SMALL_LEVEL_NODES = 2
+SMALL_LEVEL_LEAVES = 3
+SMALL_LEVEL_ROW = 4
 # bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full
 SMALL_FULL_NODES = 1
 SMALL_FULL_LEAVES = 2

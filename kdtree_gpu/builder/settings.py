@@ -60,6 +60,32 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
             (num_refs + 256, 4 * num_refs + 256))
 
 
+def default_small_capacity(deferred_refs: int) -> tuple:
+    """The subtree stage's first room, from the deferred nodes' references D.
+
+    Measured on the meshes of the mesh directory
+    (``benchmarks/results/subtree_sizes.md``), the subtrees add 0.9-5.2
+    nodes and 1.2-4.0 leaf entries per D (conference the fewest, the bunny
+    the most), and their widest level holds 0.12-0.63 D records and
+    1.06-2.31 D references. A level that finds its room full is run again,
+    with the levels after it, with more room: a second page of the tree
+    (half the first room, or twice what the level asked for), a larger
+    buffer for its children
+    (:func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). So the
+    first room holds the nodes of all but the bunny (4 D: it gets 6 D with
+    the second page, as before) and what every measured mesh needs of the
+    rest: 4.5 D leaf entries, 0.65 D records and 2.4 D references. Each D
+    of room costs 13 bytes per node, 4 per leaf entry, 80 per record (two
+    buffers) and 8 per reference.
+
+    Returns
+    -------
+    (tree nodes, leaf entries, records, references) : tuple of int
+    """
+    d = int(deferred_refs)
+    return 4 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024
+
+
 @dataclasses.dataclass(frozen=True)
 class GpuSettings:
     """Settings of the GPU level drivers (:mod:`kdtree_gpu.builder.gpu`).
@@ -107,6 +133,10 @@ class GpuSettings:
         Records of deferred nodes the first buffer holds (0: a quarter of the
         root's references, at least 1024); the loop stops and is launched
         again with twice what it needs when they run out.
+    small_capacity : callable or None
+        ``deferred_refs -> (tree nodes, leaf entries, records, references)``:
+        the subtree stage's first room (records and references per level);
+        None (the default): :func:`default_small_capacity`.
     workspace_block : int
         Allocations of the build of at least this many bytes come from the
         build's own pool, which gives its memory back to the device when the
@@ -143,6 +173,7 @@ class GpuSettings:
     small_refs: int = enc.SMALL_MAX_REFS
     small_min_refs: int = 32768
     small_records: int = 0
+    small_capacity: object = None
     workspace_block: int = 4 << 20
     loop_blocks: int = 0
     clip_segment: int = 8192
@@ -160,6 +191,12 @@ class GpuSettings:
         if self.loop_capacity is None:
             return default_loop_capacity(num_events, num_refs, small_refs)
         return self.loop_capacity(num_events, num_refs)
+
+    def small_capacities(self, deferred_refs: int) -> tuple:
+        """The subtree stage's first room for ``deferred_refs`` deferred references:
+        ``(tree nodes, leaf entries, records, references)``, each at least 1."""
+        make = self.small_capacity or default_small_capacity
+        return tuple(max(1, int(n)) for n in make(deferred_refs))
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_min_refs": (0, None),

@@ -230,6 +230,8 @@ class LevelSizes(ScalarStruct):
     level: int = scalar_field(np.int64)
     level_base: int = scalar_field(np.int64)  # tree nodes written before the level
     leaf_ref_base: int = scalar_field(np.int64)  # leaf_tris entries written before it
+    # the loop buffers' slot that holds the level (-1: neither; its arrays are apart)
+    slot: int = scalar_field(np.int64, -1)
 
 
 @dataclasses.dataclass

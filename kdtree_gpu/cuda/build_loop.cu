@@ -199,7 +199,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     long long n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
     long long level = start.level, level_base = start.level_base;
     long long leaf_ref_base = start.leaf_ref_base;
-    int cur = -1;  // the start level is in neither buffer
+    int cur = -1;  // the slot of the current level; the start level's arrays are apart
+    // the slot the start level's events lie in (the root's are decoded into
+    // the buffers), which its children must not overwrite; -1: none
+    const int start_slot = (int)start.slot;
     const long long ref_offset_cap = 2 * cap_nodes + 1, seg_offset_cap = 6 * cap_nodes + 1;
     long long* sums0 = block_sum;
     long long* sums1 = block_sum + gridDim.x;
@@ -208,7 +211,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     long long* ref_base = block_sum + 4 * gridDim.x;
     const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
     for (;;) {
-        const int nxt = cur == 0 ? 1 : 0;
+        const int nxt = (cur < 0 ? start_slot : cur) == 0 ? 1 : 0;
         long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
         long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
         long long* child_ref_count = s.child_count;

@@ -143,35 +143,92 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     return best;
 }
 
+// The tree as the subtree levels write it: node i below node_split in `lo`,
+// the others in `hi` at i - node_split (a second page, made when the first
+// was full: the first is not copied into a larger one); the same for the
+// leaf list. Without a second page the splits are past every index.
+struct KdSmallTree {
+    KdTreeNodes lo, hi;
+    int* leaf_lo;
+    int* leaf_hi;
+    long long node_split, leaf_split;
+
+    __device__ __forceinline__ void set_node(long long i, int axis, float split, int child,
+                                             int count) const
+    {
+        const bool first = i < node_split;
+        const KdTreeNodes& t = first ? lo : hi;
+        const long long k = first ? i : i - node_split;
+        t.node_axis[k] = (signed char)axis;
+        t.node_split[k] = split;
+        t.node_child[k] = child;
+        t.node_count[k] = count;
+    }
+    __device__ __forceinline__ long long page_index(long long i) const
+    {
+        return i < node_split ? i : i - node_split;
+    }
+    __device__ __forceinline__ const KdTreeNodes& page(long long i) const
+    {
+        return i < node_split ? lo : hi;
+    }
+    __device__ __forceinline__ int* leaf(long long i) const
+    {
+        return i < leaf_split ? leaf_lo + i : leaf_hi + (i - leaf_split);
+    }
+};
+
 // One level of the small nodes' subtrees, one warp per node: the nodes of
 // every deferred subtree at the same distance below its root (their depths
 // differ). A node is a record of KD_SMALL_RECORD int32 (tree node, depth,
 // start and count of its references in `in_refs`, box): the deferred nodes'
-// records with their level-loop leaves in leaf_tris first (roots = 1), then
-// the children this kernel writes to `out_rec`/`out_refs` (ping-pong buffers),
-// taking rows from level_count[2 (L + 1)] (records) and [2 (L + 1) + 1]
-// (references); level_count[2 L] is this level's number of records. The
-// host launches it once per possible level with no read in between: a level
-// without nodes returns at once. Tree node pairs and leaf_tris entries come
-// from the counters; when a buffer would overflow, its bit (KD_SMALL_FULL_*) is
-// set in counters[KD_SMALL_OVERFLOW], every later launch returns, and the host
-// runs all levels again with more room in the buffers that were full (the
-// deferred records and their leaf ranges are only read).
+// records with their level-loop leaves in leaf_tris first (level 0), then
+// the children this kernel writes to `out_rec`/`out_refs` (ping-pong
+// buffers). counters (encoding.SMALL_*) holds the run's counters and a row
+// per level: level L reads its number of records from row L, takes rows for
+// its children's records and references from row L + 1, and counts the tree
+// nodes and leaf entries it takes in row L, placed after those of the levels
+// before it. The host launches it once per possible level with no read in
+// between: a level without nodes returns at once. When a buffer would
+// overflow, its bit (KD_SMALL_FULL_*) is set in counters[KD_SMALL_OVERFLOW]
+// and the level in counters[KD_SMALL_FULL_LEVEL], every later launch
+// returns, and the host makes room and runs the levels again from that one
+// (the levels before it are done, and its input is only read).
 extern "C" __global__ void __launch_bounds__(KD_SMALL_BLOCK)
 kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
-                     const int* __restrict__ in_rec, const int* __restrict__ in_refs, int roots,
-                     unsigned long long* level_count, int* __restrict__ out_rec,
+                     const int* __restrict__ in_rec, const int* __restrict__ in_refs, int level,
+                     unsigned long long* counters, int* __restrict__ out_rec,
                      int* __restrict__ out_refs, long long rec_capacity, long long ref_capacity,
-                     KdTreeNodes out, int* leaf_tris, long long node_capacity,
-                     long long leaf_capacity, KdLoopSettings cfg, unsigned long long* counters)
+                     KdTreeNodes out, int* leaf_tris, KdTreeNodes out_more, int* leaf_more,
+                     long long node_split, long long leaf_split, long long node_capacity,
+                     long long leaf_capacity, KdLoopSettings cfg)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const unsigned lanes_below = (1u << lane) - 1u;
     const long long num_warps = (long long)gridDim.x * (blockDim.x >> 5);
-    volatile unsigned long long* overflow = counters + KD_SMALL_OVERFLOW;
-    if (*overflow) return;
-    const long long num_nodes = (long long)level_count[0];
+    const bool roots = level == 0;
+    const KdSmallTree tree = {out, out_more, leaf_tris, leaf_more, node_split, leaf_split};
+    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
+    unsigned long long* next = row + KD_SMALL_LEVEL_ROW;
+    // the tree nodes and leaf entries taken before this level
+    __shared__ unsigned long long before[2];
+    __shared__ int stop;
+    if (threadIdx.x == 0) {
+        stop = *(volatile unsigned long long*)(counters + KD_SMALL_OVERFLOW) != 0;
+        before[0] = counters[KD_SMALL_NODES];
+        before[1] = counters[KD_SMALL_LEAVES];
+    }
+    __syncthreads();
+    for (int j = threadIdx.x; j < level && !stop; j += blockDim.x) {
+        const unsigned long long* r = counters + KD_SMALL_COUNTERS + KD_SMALL_LEVEL_ROW * j;
+        atomicAdd(&before[0], r[KD_SMALL_LEVEL_NODES]);
+        atomicAdd(&before[1], r[KD_SMALL_LEVEL_LEAVES]);
+    }
+    __syncthreads();
+    if (stop) return;
+    const unsigned long long nodes_before = before[0], leaves_before = before[1];
+    const long long num_nodes = (long long)row[KD_SMALL_LEVEL_RECORDS];
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < num_nodes;
          w += num_warps) {
         const int* rec = in_rec + w * KD_SMALL_RECORD;
@@ -199,19 +256,21 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
         if (lane == 0 && roots) atomicAdd(counters + KD_SMALL_HOLES, (unsigned long long)r);
         if (!split) {
             unsigned long long first = 0;
-            if (lane == 0) first = atomicAdd(counters + KD_SMALL_LEAVES, (unsigned long long)r);
+            if (lane == 0)
+                first = leaves_before + atomicAdd(row + KD_SMALL_LEVEL_LEAVES,
+                                                  (unsigned long long)r);
             first = __shfl_sync(full, first, 0);
             if (first + r > (unsigned long long)leaf_capacity) {
-                if (lane == 0) atomicOr(counters + KD_SMALL_OVERFLOW, KD_SMALL_FULL_LEAVES);
-                return;
+                if (lane == 0) {
+                    atomicOr(counters + KD_SMALL_OVERFLOW, KD_SMALL_FULL_LEAVES);
+                    atomicMin(counters + KD_SMALL_FULL_LEVEL, (unsigned long long)level);
+                }
+                continue;  // (warp-uniform: the level's other nodes still count their needs)
             }
             for (int q = 0; q < KD_SMALL_PER_LANE; ++q)
-                if (tri[q] >= 0) leaf_tris[first + lane + 32 * q] = tri[q];
+                if (tri[q] >= 0) *tree.leaf(first + lane + 32 * q) = tri[q];
             if (lane == 0) {
-                out.node_axis[node] = KD_AXIS_LEAF;
-                out.node_split[node] = 0.0f;
-                out.node_child[node] = (int)first;
-                out.node_count[node] = r;
+                tree.set_node(node, KD_AXIS_LEAF, 0.0f, (int)first, r);
                 atomicMax(counters + KD_SMALL_DEPTH, (unsigned long long)depth);
             }
             continue;
@@ -237,10 +296,11 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
         const int live = (num_left > 0) + (num_right > 0);
         unsigned long long child = 0, slot = 0, first = 0;
         if (lane == 0) {
-            child = atomicAdd(counters + KD_SMALL_NODES, 2ull);
+            child = nodes_before + atomicAdd(row + KD_SMALL_LEVEL_NODES, 2ull);
             if (live) {
-                slot = atomicAdd(level_count + 2, (unsigned long long)live);
-                first = atomicAdd(level_count + 3, (unsigned long long)(num_left + num_right));
+                slot = atomicAdd(next + KD_SMALL_LEVEL_RECORDS, (unsigned long long)live);
+                first = atomicAdd(next + KD_SMALL_LEVEL_REFS,
+                                  (unsigned long long)(num_left + num_right));
             }
         }
         child = __shfl_sync(full, child, 0);
@@ -252,8 +312,11 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
             | (first + num_left + num_right > (unsigned long long)ref_capacity
                    ? KD_SMALL_FULL_REFS : 0ull);
         if (full_bits) {
-            if (lane == 0) atomicOr(counters + KD_SMALL_OVERFLOW, full_bits);
-            return;
+            if (lane == 0) {
+                atomicOr(counters + KD_SMALL_OVERFLOW, full_bits);
+                atomicMin(counters + KD_SMALL_FULL_LEVEL, (unsigned long long)level);
+            }
+            continue;
         }
         int l = 0, rr = 0;
         for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
@@ -266,10 +329,7 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
             rr += __popc(to_right);
         }
         if (lane == 0) {
-            out.node_axis[node] = (signed char)best.axis;
-            out.node_split[node] = best.pos;
-            out.node_child[node] = (int)child;
-            out.node_count[node] = 0;
+            tree.set_node(node, best.axis, best.pos, (int)child, 0);
             float hi_l[3] = {nhi[0], nhi[1], nhi[2]};
             float lo_r[3] = {nlo[0], nlo[1], nlo[2]};
             hi_l[best.axis] = best.pos;
@@ -278,10 +338,7 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
             for (int side = 0; side < 2; ++side) {
                 int c = (int)child + side;
                 if (counts[side] == 0) {
-                    out.node_axis[c] = KD_AXIS_LEAF;
-                    out.node_split[c] = 0.0f;
-                    out.node_child[c] = 0;  // set when the leaves are packed
-                    out.node_count[c] = 0;
+                    tree.set_node(c, KD_AXIS_LEAF, 0.0f, 0, 0);  // (child: set when packed)
                     atomicMax(counters + KD_SMALL_DEPTH, (unsigned long long)(depth + 1));
                 } else {
                     kd_small_write_record(out_rec + (slot++) * KD_SMALL_RECORD, c, depth + 1,
@@ -294,27 +351,37 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
 }
 
 // Leaf sizes for the scan that packs leaf_tris: counts[i + 1] = node i's
-// triangles if it is a leaf, else 0, after a leading 0.
-extern "C" __global__ void kd_leaf_counts(KdTreeNodes nodes, long long num_nodes,
-                                          long long* __restrict__ counts)
+// triangles if it is a leaf, else 0, after a leading 0 (nodes in the pages
+// of KdSmallTree).
+extern "C" __global__ void kd_leaf_counts(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
+                                          long long num_nodes, long long* __restrict__ counts)
 {
+    const KdSmallTree tree = {lo, hi, nullptr, nullptr, node_split, 0};
     long long i = kd_tid();
     if (i == 0) counts[0] = 0;
-    if (i < num_nodes)
-        counts[i + 1] = nodes.node_axis[i] == KD_AXIS_LEAF ? nodes.node_count[i] : 0;
+    if (i < num_nodes) {
+        const KdTreeNodes& t = tree.page(i);
+        const long long k = tree.page_index(i);
+        counts[i + 1] = t.node_axis[k] == KD_AXIS_LEAF ? t.node_count[k] : 0;
+    }
 }
 
 // Copy every leaf's triangles to its packed offset (the scan of kd_leaf_counts)
 // and point the leaf there: the deferred nodes' level-loop leaves, replaced by
 // their subtrees, leave no unused entries behind.
-extern "C" __global__ void kd_pack_leaves(KdTreeNodes nodes, long long num_nodes,
-                                          const long long* __restrict__ offsets,
-                                          const int* __restrict__ leaf_in,
+extern "C" __global__ void kd_pack_leaves(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
+                                          long long num_nodes,
+                                          const long long* __restrict__ offsets, int* leaf_lo,
+                                          int* leaf_hi, long long leaf_split,
                                           int* __restrict__ leaf_out)
 {
+    const KdSmallTree tree = {lo, hi, leaf_lo, leaf_hi, node_split, leaf_split};
     long long i = kd_tid();
-    if (i >= num_nodes || nodes.node_axis[i] != KD_AXIS_LEAF) return;
-    long long src = nodes.node_child[i], dst = offsets[i];
-    for (int j = 0; j < nodes.node_count[i]; ++j) leaf_out[dst + j] = leaf_in[src + j];
-    nodes.node_child[i] = (int)dst;
+    if (i >= num_nodes) return;
+    const KdTreeNodes& t = tree.page(i);
+    const long long k = tree.page_index(i);
+    if (t.node_axis[k] != KD_AXIS_LEAF) return;
+    long long src = t.node_child[k], dst = offsets[i];
+    for (int j = 0; j < t.node_count[k]; ++j) leaf_out[dst + j] = *tree.leaf(src + j);
+    t.node_child[k] = (int)dst;
 }

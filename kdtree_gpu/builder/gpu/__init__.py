@@ -56,7 +56,7 @@ class LoopState:
     deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
     num_deferred: int = 0
     deferred_refs: int = 0  # the deferred nodes' references, all of them
-    # runs of the subtree levels that found buffers full (their SMALL_FULL_* bits)
+    # runs of the subtree levels that found buffers full: (first such level, SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
     # the level loop's first buffers when the start level was decoded into them
@@ -97,8 +97,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         grid of each launch), stage_levels (the levels run with
         one launch per stage), small_subtrees (nodes whose subtree one warp
         built), small_runs_full (for each run of the subtree levels that
-        found buffers full and ran again, its ``encoding.SMALL_FULL_*``
-        bits), small_level_sizes (nodes and references of each level of the
+        found buffers full: the first level that did, from which the levels
+        ran again, and the ``encoding.SMALL_FULL_*`` bits of the buffers), small_level_sizes (nodes and references of each level of the
         subtrees, the deferred nodes first), depth, num_degenerate, bounds,
         peak_device_bytes (the most device memory the build held at once,
         mesh and tree included:

@@ -190,25 +190,38 @@ def restart_capacity(need: int, fresh: int, limit: int = 0) -> int:
     return min(cap, limit) if limit else cap
 
 
+ROOT_SLOT = 0  # the loop buffers' slot the root events are decoded into
+
+
 def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, resident: int):
     """The level loop's first buffers, made before the root events exist, so that
-    they are decoded straight into its second slot (the first level writes
-    its children to the first) rather than into arrays of their own beside
+    they are decoded straight into its first slot (the first level writes
+    its children to the second) rather than into arrays of their own beside
     it (measured on an H100: 78 bytes per triangle of the bunny's peak).
 
     Returns
     -------
     (LevelBuffers, EventSoA, (MemoryPointer, int)) or None
         The buffers, the views the root events go to and the part of the
-        buffers after the events (references, nodes, scratch: unused until
-        the loop runs), where the root's sort can make its temporaries;
-        None when the loop will not run from the root.
+        buffers from the second slot's event references on (that slot,
+        references, nodes, scratch: unused until the loop runs), where the
+        root's keys and its sort's temporaries fit (with the root in the
+        second slot, the free part after it held the keys but not the sort's
+        buffer: 49 bytes per triangle of the bunny's, happy Buddha's and
+        conference's peaks stayed cached in the caller's pool, H100); None
+        when the loop will not run from the root.
     """
     plan = loop_plan(cfg, settings, num_events, num_refs, 1, resident)
     if plan is None:
         return None
     buffers = LevelBuffers(cp, *plan[2][:4])
-    return buffers, buffers.level(1, 1, num_refs, num_events)[0], buffers.block.tail(1)
+    events = buffers.level(ROOT_SLOT, 1, num_refs, num_events)[0]
+    # the event fields hold both slots (pos, kind, ref): the second slot's
+    # event_ref rows are the first free bytes with nothing in use after them
+    ref_field = list(EventSoA.shapes(1)).index("event_ref")
+    free = buffers.block.tail(0, ref_field, (1 - ROOT_SLOT) * buffers.cap_events * 4)
+    assert ROOT_SLOT == 0, "the free tail assumes the root in the first slot"
+    return buffers, events, free
 
 
 def copied_level(cp, events, refs, nodes):
@@ -296,6 +309,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     max_events, small, (cap_e, cap_r, cap_n, cap_new, (tree_nodes, tree_leaves)) = plan
     # the root's buffers, made before its events were decoded into them
     buffers, state.buffers = state.buffers, None
+    root_in_buffers = buffers is not None
     # The loop's share of the tree, as asked (growth by doubling made a
     # 1.38M-triangle build's tree buffers 10 nodes per triangle where the
     # tree has 3: 150 of its 864 bytes per triangle at the peak, H100).
@@ -315,7 +329,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
         start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
                            num_events=state.events.size, level=state.level,
-                           level_base=state.level_base, leaf_ref_base=state.leaf_ref_base)
+                           level_base=state.level_base, leaf_ref_base=state.leaf_ref_base,
+                           slot=ROOT_SLOT if root_in_buffers else -1)
         capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
                                 tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity,
                                 deferred=state.deferred.shape[0], new_events=cap_new)
@@ -364,6 +379,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
             state.events, state.refs, state.nodes = copied_level(cp, *views)
             del views
         buffers = None
+        root_in_buffers = False  # (copied out with the level)
         need_events = int(record[enc.LOOP_NEED_EVENTS])
         if need_events > max_events or record[enc.LOOP_NEED_STAGES]:
             return state

@@ -8,6 +8,8 @@ to its size on the device (the tree stays there;
 
 from __future__ import annotations
 
+import numpy as np
+
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
 from .workspace import arrays_in_one_block, pooled as workspace_pooled
@@ -15,6 +17,7 @@ from .workspace import arrays_in_one_block, pooled as workspace_pooled
 
 # bytes a finished small tree's block may hold beyond the tree instead of being copied
 VIEW_SLACK = 1 << 17
+NO_PAGE = 1 << 62  # the page split of a TreeOutput without a second page: past every index
 
 
 def grown(xp, arr, rows: int, keep: int):
@@ -47,15 +50,65 @@ class TreeOutput:
         self.pooled = False  # True once the block may be the workspace's whatever its size
         self.leaf_final = False  # the leaf list is the tree's, at its size (pack_leaves)
         self.block_bytes = 0
+        # The subtree stage's second pages (add_page): node i >= node_split is
+        # row i - node_split of more_nodes; the same for the leaf list.
+        self.more_nodes = self.more_leaf = None
+        self.node_split = self.leaf_split = NO_PAGE
         self._make([node_capacity] * 4 + [leaf_capacity], [0] * 5, None)
 
     @property
     def node_capacity(self) -> int:
+        """The nodes there is room for (both pages)."""
+        if self.more_nodes is not None:
+            return self.node_split + self.more_nodes.size
         return self.nodes.size
 
     @property
     def leaf_capacity(self) -> int:
+        """The leaf entries there is room for (both pages)."""
+        if self.more_leaf is not None:
+            return self.leaf_split + int(self.more_leaf.shape[0])
         return int(self.leaf.shape[0])
+
+    def add_page(self, nodes: bool, used: int, rows: int) -> None:
+        """More room for nodes (``nodes``) or leaf entries, without copying what the
+        first block holds: a second page of ``rows`` rows for the indices from
+        ``used`` on (the first block's rows after them stay unused), or, when
+        there is one, that page made again at least twice as large, keeping
+        its rows below ``used``. For the subtree stage, whose levels
+        (``cuda/build_small.cu``, KdSmallTree) and leaf packing write both
+        pages; :meth:`finish` joins the node pages (the packed leaf list is
+        one array)."""
+        from .workspace import pooled as workspace_pooled
+
+        page = self.more_nodes if nodes else self.more_leaf
+        split = used if page is None else (self.node_split if nodes else self.leaf_split)
+        keep = used - split
+        if page is not None:
+            rows = max(int(rows) + keep, 2 * (page.size if nodes else page.shape[0]))
+        with workspace_pooled():  # (the stage's, whatever its size)
+            if nodes:
+                made = TreeNodeSoA(*(grown(self.cp, a, rows, keep) if page is not None
+                                     else self.cp.empty(rows, dtype=a.dtype)
+                                     for a in (page or self.nodes).args()))
+            else:
+                made = (grown(self.cp, page, rows, keep) if page is not None
+                        else self.cp.empty(rows, dtype=self.leaf.dtype))
+        if nodes:
+            self.more_nodes, self.node_split = made, split
+        else:
+            self.more_leaf, self.leaf_split = made, split
+        self.pooled = True
+
+    def page_args(self) -> tuple:
+        """The kernel arguments of both pages: (nodes, leaf list, second page's nodes,
+        its leaf list, node split, leaf split, node capacity, leaf capacity);
+        without a second page, the first block stands in for it."""
+        more_nodes = self.more_nodes if self.more_nodes is not None else self.nodes
+        more_leaf = self.more_leaf if self.more_leaf is not None else self.leaf
+        return (self.nodes.struct(), self.leaf, more_nodes.struct(), more_leaf,
+                np.int64(self.node_split), np.int64(self.leaf_split),
+                np.int64(self.node_capacity), np.int64(self.leaf_capacity))
 
     def _make(self, rows, keep, old):
         """The five buffers at ``rows`` rows in one new block, holding the first
@@ -81,6 +134,7 @@ class TreeOutput:
         ``pooled``: the block comes from the build's workspace pool,
         whatever its size (the subtree stage's growth, made after the level
         loop's block went back: one device allocation)."""
+        assert self.more_nodes is None and self.more_leaf is None, "reserve before add_page"
         arrays = [*self.nodes.args(), self.leaf]
         needs = [num_nodes] * 4 + [num_leaf_refs]
         if all(n <= a.shape[0] for a, n in zip(arrays, needs)):
@@ -103,6 +157,7 @@ class TreeOutput:
         it was cut from until then, and be copied once more)."""
         self.leaf = leaf
         self.leaf_final = True
+        self.more_leaf, self.leaf_split = None, NO_PAGE
 
     def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
         """The tree's device arrays at their exact sizes.
@@ -132,7 +187,13 @@ class TreeOutput:
         def cut(a, n):
             return a[:n] if views else a[:n].copy()
 
-        arrays = {name: cut(a, num_nodes) for name, a in nodes.items()}
+        if self.more_nodes is not None:  # the two pages, joined
+            split = self.node_split
+            more = self.more_nodes.arrays()
+            arrays = {name: self.cp.concatenate([a[:split], more[name][:num_nodes - split]])
+                      for name, a in nodes.items()}
+        else:
+            arrays = {name: cut(a, num_nodes) for name, a in nodes.items()}
         arrays["leaf_tris"] = self.leaf if final_leaf else cut(self.leaf, num_leaf_refs)
-        self.nodes = self.leaf = None
+        self.nodes = self.leaf = self.more_nodes = None
         return arrays

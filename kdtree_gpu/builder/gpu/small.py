@@ -33,7 +33,12 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     One launch per level that can exist (``max_depth`` levels below the
     shallowest possible root), queued without reading anything back: each
     launch reads its level's size on the device, and a level without nodes
-    returns at once. One read at the end gives the tree's sizes.
+    returns at once. One read at the end gives the tree's sizes, or the
+    first level that found its room full: the levels go on from that one
+    (those before it are done, and its input is only read) once the tree
+    has a second page (:meth:`.output.TreeOutput.add_page`: nothing is
+    copied) or the level's output buffer is larger. The first room is
+    ``settings.small_capacities`` of the deferred references.
 
     Parameters
     ----------
@@ -43,7 +48,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         ``level_base``/``leaf_ref_base`` what the levels wrote. Updated to
         the tree's final sizes.
     out : TreeOutput
-        Grown when the subtrees outgrow it; its leaf list is packed.
+        Given room for the subtrees (a second page when they outgrow it);
+        its leaf list is packed.
     max_depth : int
     settings : GpuSettings
 
@@ -60,87 +66,117 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     sms = cp.cuda.Device().attributes["MultiProcessorCount"]
     per_block = enc.SMALL_BLOCK // 32
     blocks = (min(num, WARPS_PER_SM * sms) + per_block - 1) // per_block
-    start = np.zeros(enc.SMALL_COUNTERS, dtype=np.int64)
-    start[enc.SMALL_NODES], start[enc.SMALL_LEAVES] = state.level_base, state.leaf_ref_base
     levels = max_depth + 1  # every depth a deferred node's descendant can have
-    # Buffers from the deferred nodes' references D (a run that finds one full
-    # runs again with it doubled). Measured on an H100 (bunny, happy Buddha,
-    # conference, armadillo and armadillo subdivided once), the widest level
-    # of the subtrees holds 1.06-2.31 D references and 0.12-0.63 D nodes (a
-    # node without references is written as a leaf at once, so most nodes
-    # hold several): room for 3 D and 0.75 D.
-    deferred = state.deferred_refs
-    cap_refs = 3 * deferred + 1024
-    cap_recs = 3 * deferred // 4 + 1024
+    row = enc.SMALL_LEVEL_ROW
+    sizes = np.zeros(enc.SMALL_COUNTERS + row * (levels + 1), dtype=np.int64)
+    sizes[enc.SMALL_NODES], sizes[enc.SMALL_LEAVES] = state.level_base, state.leaf_ref_base
+    sizes[enc.SMALL_FULL_LEVEL] = levels
+    rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)  # (a view: rows of `sizes`)
+    rows[0, enc.SMALL_LEVEL_RECORDS], rows[0, enc.SMALL_LEVEL_REFS] = num, state.deferred_refs
+    cap_tree, cap_leaves, cap_recs, cap_refs = settings.small_capacities(state.deferred_refs)
     # The level loop's block goes back first: the tree's growth and this stage's
     # buffers (each one device allocation) would otherwise sit beside it, and
     # the growth would keep it until the tree is copied out (measured on an
     # H100: the end of the build was then the peak of the bunny, happy Buddha
     # and conference; the loop ended with a read, so nothing waits).
     state.workspace.release_unused()
-    # Room for the subtrees, as much as they need: measured on the meshes of
-    # the mesh directory (H100), they add 0.9-5.2 nodes and 1.6-4.0 leaf
-    # entries per deferred reference (the bunny the most)
-    out.reserve(state.level_base + 6 * deferred + 1024, state.leaf_ref_base + 5 * deferred + 1024,
+    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_leaves,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
+    # level L reads buffer 1 - L % 2 (level 0: the records) and writes L % 2
+    # (both in one block at first: a level that finds its own full gets its own)
+    records, refs = _stage_buffers(cp, (2, cap_recs), (2, cap_refs))
+    buffers = [(records[0], refs[0]), (records[1], refs[1])]
+    del records, refs
+    first = 0
+    counters = cp.asarray(sizes)
     while True:
-        records, refs = _stage_buffers(cp, cap_recs, cap_refs)
-        counts = np.zeros(2 * (levels + 1), dtype=np.int64)
-        counts[0], counts[1] = num, deferred
-        # the counters and each level's (records, references), one array: one read
-        sizes = cp.asarray(np.concatenate([start, counts]))
-        counters, level_count = sizes[:enc.SMALL_COUNTERS], sizes[enc.SMALL_COUNTERS:]
-        tree_nodes = out.nodes.struct()
+        # the tree's pages change only between runs: their kernel arguments are
+        # made once per run, not once per level (two structs: tens of
+        # microseconds of host time per launch)
+        tree_args = out.page_args()
         with stage(xp=cp, description="small subtrees"):
-            for level in range(levels):
-                roots = level == 0
-                src = 1 - level % 2  # level L reads buffer 1 - L % 2 (the roots: the records)
+            for level in range(first, levels):
+                src, dst = buffers[1 - level % 2], buffers[level % 2]
                 # a fixed grid of warps, strided over the level's nodes
                 launch("small subtrees: level", kernel, blocks * enc.SMALL_BLOCK,
-                       (tri_lo, tri_hi, state.deferred if roots else records[src],
-                        out.leaf if roots else refs[src], np.int32(roots),
-                        level_count[2 * level:], records[level % 2], refs[level % 2],
-                        np.int64(cap_recs), np.int64(cap_refs), tree_nodes, out.leaf,
-                        np.int64(out.node_capacity), np.int64(out.leaf_capacity),
-                        loop_settings, counters), block=enc.SMALL_BLOCK)
+                       (tri_lo, tri_hi, state.deferred if level == 0 else src[0],
+                        out.leaf if level == 0 else src[1], np.int32(level), counters,
+                        dst[0], dst[1], np.int64(dst[0].shape[0]), np.int64(dst[1].shape[0]),
+                        *tree_args, loop_settings), block=enc.SMALL_BLOCK)
+            src = dst = None  # (else they would keep the last level's buffers alive)
             # one read: the tree's sizes (and whether every buffer had room)
-            result = sizes.get()
-        full = int(result[enc.SMALL_OVERFLOW])
+            sizes = counters.get()
+        full = int(sizes[enc.SMALL_OVERFLOW])
         if not full:
             break
-        # run again with twice the room in the buffers that were full
-        out.reserve(out.node_capacity * (2 if full & enc.SMALL_FULL_NODES else 1),
-                    out.leaf_capacity * (2 if full & enc.SMALL_FULL_LEAVES else 1),
-                    state.level_base, state.leaf_ref_base, pooled=True)
-        cap_recs *= 2 if full & enc.SMALL_FULL_RECORDS else 1
-        cap_refs *= 2 if full & enc.SMALL_FULL_REFS else 1
-        state.small_runs_full.append(full)
-    del records, refs
-    level_sizes = result[enc.SMALL_COUNTERS:].reshape(-1, 2)
-    state.small_level_sizes = [tuple(row) for row in level_sizes[:int(np.count_nonzero(
-        level_sizes[:, 0]))].tolist()]
-    num_nodes, num_leaf_refs = int(result[enc.SMALL_NODES]), int(result[enc.SMALL_LEAVES])
-    packed = num_leaf_refs - int(result[enc.SMALL_HOLES])
+        # Go on from the first level that found a buffer full, with room for
+        # what it asked: the levels before it are done, and its input is only read.
+        first = int(sizes[enc.SMALL_FULL_LEVEL])
+        rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
+        done = rows[:first].sum(axis=0)
+        nodes_before = state.level_base + int(done[enc.SMALL_LEVEL_NODES])
+        leaves_before = state.leaf_ref_base + int(done[enc.SMALL_LEVEL_LEAVES])
+        want = rows[first]  # what the level asked for (its nodes and leaves; its children's rows)
+        # The tree's room: a second page from the level's first index on (half
+        # the first room, at least twice what the level asked for), or that page grown
+        for bit, used, key, room, nodes in (
+                (enc.SMALL_FULL_NODES, nodes_before, enc.SMALL_LEVEL_NODES, cap_tree, True),
+                (enc.SMALL_FULL_LEAVES, leaves_before, enc.SMALL_LEVEL_LEAVES, cap_leaves,
+                 False)):
+            if full & bit:
+                out.add_page(nodes, used, max(room // 2, 2 * int(want[key])))
+        if full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS):
+            # The level's output buffer made again (what it wrote is written
+            # again) with room for 5/4 of what it asked. Its input stays: grown
+            # with its rows kept, both buffers and the copy were the bunny's
+            # peak (H100: 573 bytes per triangle against 445); the next level
+            # that finds it full makes it again the same way.
+            has = [a.shape[0] for a in buffers[first % 2]]
+            child = rows[first + 1]
+            caps = [max(h, int(child[k]) * 5 // 4 + 1024)
+                    for h, k in zip(has, (enc.SMALL_LEVEL_RECORDS, enc.SMALL_LEVEL_REFS))]
+            buffers[first % 2] = None  # (its block goes back to the pool first)
+            buffers[first % 2] = _stage_buffers(cp, *caps)
+        state.small_runs_full.append((first, full))
+        # the level's counts and everything after it start again
+        rows[first, enc.SMALL_LEVEL_NODES:] = 0
+        rows[first + 1:] = 0
+        sizes[enc.SMALL_OVERFLOW] = 0
+        sizes[enc.SMALL_FULL_LEVEL] = levels
+        if first == 0:
+            sizes[enc.SMALL_HOLES] = 0
+        counters.set(sizes)
+        # the blocks made again go back (the read left nothing running)
+        state.workspace.release_unused()
+    del buffers
+    rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
+    live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_RECORDS]))
+    state.small_level_sizes = [tuple(r) for r in rows[:live, :2].tolist()]
+    num_nodes = state.level_base + int(rows[:, enc.SMALL_LEVEL_NODES].sum())
+    num_leaf_refs = state.leaf_ref_base + int(rows[:, enc.SMALL_LEVEL_LEAVES].sum())
+    packed = num_leaf_refs - int(sizes[enc.SMALL_HOLES])
     with stage(xp=cp, description="small subtrees: pack leaves"):
         out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
-    return int(result[enc.SMALL_DEPTH])
+    return int(sizes[enc.SMALL_DEPTH])
 
 
-def _stage_buffers(cp, cap_recs: int, cap_refs: int):
-    """The records and reference lists of the subtree levels, two each, in one
-    block of the workspace pool (one device allocation; the leaf packing's
-    int64 per tree node is cut from it once it is freed, where it fits).
+def _stage_buffers(cp, cap_recs, cap_refs):
+    """Records and reference lists of subtree levels, in one block of the workspace
+    pool (one device allocation; the leaf packing's int64 per tree node is
+    cut from the freed ones, where it fits). ``cap_recs``, ``cap_refs``: a
+    level's rows, or ``(2, rows)`` for both buffers.
 
     Returns
     -------
-    records : (2, cap_recs, SMALL_RECORD) int32
-    refs : (2, cap_refs) int32
+    records : (..., cap_recs, SMALL_RECORD) int32
+    refs : (..., cap_refs) int32
     """
+    recs, refs = (tuple(c) if isinstance(c, tuple) else (c,) for c in (cap_recs, cap_refs))
     with pooled():
-        return tuple(arrays_in_one_block(cp, [((2, cap_recs, enc.SMALL_RECORD), np.int32),
-                                              ((2, cap_refs), np.int32)]))
+        return tuple(arrays_in_one_block(cp, [((*recs, enc.SMALL_RECORD), np.int32),
+                                              (refs, np.int32)]))
 
 
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
@@ -158,12 +194,13 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     # its 549 bytes per triangle).
     with pooled():  # a temporary: cut from the freed subtree buffers where it fits
         offsets = cp.empty(num_nodes + 1, dtype=np.int64)
-        nodes = out.nodes.struct()
+        lo, leaf_lo, hi, leaf_hi, node_split, leaf_split = out.page_args()[:6]
         launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
-               (nodes, np.int64(num_nodes), offsets))
+               (lo, hi, node_split, np.int64(num_nodes), offsets))
         inclusive_scan_in_place(offsets, description="pack leaves: offsets")
     with lasting():  # the tree's own leaf list, at its size
         packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
     launch("pack leaves: copy", get_function(_SOURCE, "kd_pack_leaves"), num_nodes,
-           (nodes, np.int64(num_nodes), offsets, out.leaf, packed))
+           (lo, hi, node_split, np.int64(num_nodes), offsets, leaf_lo, leaf_hi, leaf_split,
+            packed))
     return packed

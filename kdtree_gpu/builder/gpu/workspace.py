@@ -354,10 +354,12 @@ class LaidOutBlock:
         cls, _, offsets = self.layout.groups[index]
         return cls.struct_of_addresses(offsets + offsets.dtype.type(self.memory.ptr))
 
-    def tail(self, index: int):
-        """``(MemoryPointer, nbytes)``: the block from group ``index``'s first field to its end."""
-        offset = int(self.layout.groups[index][1][0][2])
-        return self.memory + offset, self.layout.nbytes - offset
+    def tail(self, index: int, field: int = 0, skip: int = 0):
+        """``(MemoryPointer, nbytes)``: the block from ``skip`` bytes into field
+        ``field`` of group ``index`` (rounded up to :data:`ALIGN`, as every
+        array cut from a block starts) to its end."""
+        offset = _aligned(int(self.layout.groups[index][1][field][2]) + int(skip))
+        return self.memory + offset, max(0, self.layout.nbytes - offset)
 
     def soa(self, index: int):
         """Group ``index`` as an SoA of CuPy views into the block."""

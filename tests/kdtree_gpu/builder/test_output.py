@@ -114,3 +114,28 @@ def test_a_grown_buffer_keeps_its_first_rows():
     assert np.array_equal(bigger[:4], records[:4])
     assert grown(np, records, 25, 0).shape == (25, 3)
     assert np.array_equal(grown(np, records, 25, 99)[:10], records)  # at most what there is
+
+
+def test_a_second_page_adds_room_without_copying_the_first_block():
+    # (NumPy stands in for CuPy: outside a build, pooled() changes nothing)
+    from kdtree_gpu.builder.gpu.output import NO_PAGE
+
+    out = TreeOutput(np, 10, 20)
+    first = out.nodes.node_child
+    out.nodes.node_child[:6] = np.arange(6)
+    assert out.page_args()[4] == NO_PAGE and out.node_capacity == 10
+    out.add_page(True, 6, 5)  # nodes 6.. in a page of 5 rows
+    assert out.nodes.node_child is first and out.node_split == 6 and out.node_capacity == 11
+    out.more_nodes.node_child[:3] = [100, 101, 102]
+    out.add_page(True, 9, 2)  # full again at 9: the page made again, twice as large
+    assert out.more_nodes.size == 10 and out.node_capacity == 16
+    assert out.more_nodes.node_child[:3].tolist() == [100, 101, 102]
+    out.more_nodes.node_child[3:5] = [103, 104]
+    out.add_page(False, 15, 7)
+    assert out.leaf_capacity == 22 and out.leaf_split == 15
+    assert [int(v) for v in out.page_args()[4:]] == [6, 15, 16, 22]
+    out.set_final_leaf(np.arange(3, dtype=np.int32))
+    assert out.leaf_split == NO_PAGE and out.leaf_capacity == 3
+    arrays = out.finish(11, 3)
+    assert arrays["node_child"].tolist() == [0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104]
+    assert arrays["leaf_tris"].tolist() == [0, 1, 2]

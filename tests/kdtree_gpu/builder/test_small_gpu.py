@@ -108,6 +108,51 @@ def test_gpu_small_subtrees_run_again_when_the_output_is_full():
     assert_same_tree(cpu_reference.build(V, F), tree)
 
 
+def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
+    d = 10_000
+    assert GpuSettings().small_capacities(d) == (4 * d + 1024, 9 * d // 2 + 1024,
+                                                 13 * d // 20 + 1024, 12 * d // 5 + 1024)
+    tiny = GpuSettings(small_capacity=lambda refs: (0, 1, 2, refs))
+    assert tiny.small_capacities(5) == (1, 1, 2, 5)  # at least one row each
+
+
+@gpu
+@pytest.mark.parametrize("room", [(1, 1, 1, 1), (1, 4096, 4096, 100_000), (64, 1, 1, 64),
+                                  "bunny"])
+def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, mesh_path):
+    # With the subtree stage's room far too small, levels find the tree's
+    # pages or their children's buffers full again and again; each time the
+    # levels go on from the first that did, and the tree is still the
+    # reference's, its leaf lists packed (tree.check).
+    if room == "bunny":  # a real mesh, with a fraction of what its subtrees need
+        V, F = kd.load_mesh(mesh_path("stanford_bunny"))
+        capacity = lambda refs: (refs, refs, refs // 16, refs // 2)  # noqa: E731
+    else:
+        V, F = soup(np.random.default_rng(sum(room)), 4000, scale=0.02)
+        capacity = lambda refs: room  # noqa: E731
+    settings = GpuSettings(small_refs=enc.SMALL_MAX_REFS, small_min_refs=0,
+                           small_capacity=capacity)
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    info = tree.build_info
+    assert info["small_subtrees"] > 0
+    runs = info["small_runs_full"]
+    assert runs and all(0 <= level and bits for level, bits in runs)
+    assert [level for level, _ in runs] == sorted(level for level, _ in runs)
+    bits = 0
+    for _, b in runs:
+        bits |= b
+    # the room asked for is at least what the tree's output holds already
+    # (the level loop's share of leaf entries is more than one): the bunny's
+    # tree outgrows it, the soup's not
+    every = enc.SMALL_FULL_NODES | enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS
+    if room == "bunny":
+        assert bits == every | enc.SMALL_FULL_LEAVES
+    elif room == (1, 1, 1, 1):
+        assert bits & every == every
+    tree.check()
+    assert_same_tree(cpu_reference.build(V, F), tree)
+
+
 @gpu
 @pytest.mark.parametrize("axes", ["all", "longest"])
 def test_gpu_small_subtrees_on_a_real_mesh(axes, mesh_path):
@@ -134,9 +179,11 @@ def test_the_subtree_buffers_are_disjoint_aligned_views_of_one_block(cap_recs, c
     from kdtree_gpu.builder.gpu.small import _stage_buffers
     from kdtree_gpu.builder.gpu.workspace import ALIGN
 
-    records, refs = _stage_buffers(np, cap_recs, cap_refs)
+    records, refs = _stage_buffers(np, (2, cap_recs), (2, cap_refs))  # both levels' buffers
     assert records.shape == (2, cap_recs, enc.SMALL_RECORD) and records.dtype == np.int32
     assert refs.shape == (2, cap_refs) and refs.dtype == np.int32
+    one = _stage_buffers(np, cap_recs, cap_refs)  # one level's
+    assert one[0].shape == (cap_recs, enc.SMALL_RECORD) and one[1].shape == (cap_refs,)
     assert records.base is refs.base is not None  # one block
     gap = refs.ctypes.data - records.ctypes.data
     assert gap % ALIGN == 0 and gap >= records.nbytes

@@ -280,6 +280,30 @@ def test_carved_allocations_come_from_the_region_in_order_then_as_before():
 
 
 @gpu
+def test_the_root_events_leave_the_loop_buffers_tail_free_for_their_sort():
+    import cupy
+
+    from kdtree_gpu.builder.gpu.level_loop import root_loop_buffers
+    from kdtree_gpu.builder.settings import GpuSettings
+    from kdtree_gpu.config import SAHConfig
+
+    num_refs = 100_000
+    num_events = 6 * num_refs
+    buffers, events, (start, nbytes) = root_loop_buffers(
+        cupy, SAHConfig(), GpuSettings(), num_events, num_refs, 0)
+    # the root's events are the first slot's rows; the free part begins at the
+    # second slot's event references and runs to the block's end
+    for whole, root in zip(buffers.events.args()[:3], events.args()[:3]):
+        assert root.data.ptr == whole.data.ptr and root.size == num_events
+        assert root.data.ptr + root.nbytes <= start.ptr
+    second = buffers.events.event_ref.data.ptr + 4 * buffers.cap_events
+    assert second <= start.ptr < second + ALIGN and start.ptr % ALIGN == 0
+    assert start.ptr + nbytes == buffers.block.memory.ptr + buffers.block.layout.nbytes
+    # room for the keys and a radix sort's second buffer (8 bytes per event each)
+    assert nbytes >= 2 * 8 * num_events
+
+
+@gpu
 def test_a_pool_limit_covers_the_workspace():
     import cupy
 
