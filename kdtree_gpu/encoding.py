@@ -97,11 +97,13 @@ LOOP_STOPPED = 1
 # --- small-node subtrees (builder.gpu.small) ------------------------------------
 # A node the level loop would split that holds at most GpuSettings.small_refs
 # (<= SMALL_MAX_REFS) references is deferred: the loop writes it as a leaf and a
-# record of SMALL_RECORD int32 (tree node, depth, start and count of its
-# references, box lo and hi as float bits); its subtree is then built one warp
-# per node, one launch per level, from records of the same layout.
+# record of SMALL_RECORD int32 (tree node, depth | count << SMALL_COUNT_SHIFT,
+# start of its references, box lo and hi as float bits: cuda/small_record.cuh);
+# its subtree is then built one warp per node, one launch per level, from
+# records of the same layout.
 SMALL_MAX_REFS = 64  # two references per lane of a warp
-SMALL_RECORD = 10
+SMALL_RECORD = 9
+SMALL_COUNT_SHIFT = 24  # depths below 2**24, counts up to SMALL_MAX_REFS above them
 SMALL_BLOCK = 128  # threads of the subtree kernel: four warps, one node each
 SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scratch
 # int64 counters of the subtree kernel: the tree nodes and leaf_tris entries

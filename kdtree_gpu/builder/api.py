@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+import traceback
 from typing import Optional
 
 import numpy as np
@@ -200,7 +201,11 @@ def _out_of_memory_is_memory_error(xp, num_triangles):
         yield
     except (xp.cuda.memory.OutOfMemoryError, MemoryError) as exc:
         # CuPy's pool raises OutOfMemoryError; CUB's temporary storage a
-        # MemoryError ("std::bad_alloc"). Free the cache so the GPU stays usable.
+        # MemoryError ("std::bad_alloc"). Free the caches so the GPU stays
+        # usable, once the failed build's frames no longer hold its arrays (the
+        # exception keeps them alive: their blocks would go back to the pools,
+        # cached, only after it).
+        traceback.clear_frames(exc.__traceback__)
         xp.get_default_memory_pool().free_all_blocks()
         from .gpu.workspace import release_cached
 

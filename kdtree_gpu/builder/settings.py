@@ -75,7 +75,7 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     first room holds the nodes of all but the bunny (4 D: it gets 6 D with
     the second page, as before) and what every measured mesh needs of the
     rest: 4.5 D leaf entries, 0.65 D records and 2.4 D references. Each D
-    of room costs 13 bytes per node, 4 per leaf entry, 80 per record (two
+    of room costs 13 bytes per node, 4 per leaf entry, 72 per record (two
     buffers) and 8 per reference.
 
     Returns

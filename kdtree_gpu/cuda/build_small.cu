@@ -180,11 +180,11 @@ struct KdSmallTree {
 
 // One level of the small nodes' subtrees, one warp per node: the nodes of
 // every deferred subtree at the same distance below its root (their depths
-// differ). A node is a record of KD_SMALL_RECORD int32 (tree node, depth,
-// start and count of its references in `in_refs`, box): the deferred nodes'
-// records with their level-loop leaves in leaf_tris first (level 0), then
-// the children this kernel writes to `out_rec`/`out_refs` (ping-pong
-// buffers). counters (encoding.SMALL_*) holds the run's counters and a row
+// differ). A node is a record of KD_SMALL_RECORD int32 (small_record.cuh:
+// tree node, depth, start and count of its references in `in_refs`, box): the
+// deferred nodes' records with their level-loop leaves in leaf_tris first
+// (level 0), then the children this kernel writes to `out_rec`/`out_refs`
+// (ping-pong buffers). counters (encoding.SMALL_*) holds the run's counters and a row
 // per level: level L reads its number of records from row L, takes rows for
 // its children's records and references from row L + 1, and counts the tree
 // nodes and leaf entries it takes in row L, placed after those of the levels
@@ -231,13 +231,10 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
     const long long num_nodes = (long long)row[KD_SMALL_LEVEL_RECORDS];
     for (long long w = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5; w < num_nodes;
          w += num_warps) {
-        const int* rec = in_rec + w * KD_SMALL_RECORD;
-        const int node = rec[0], depth = rec[1], start = rec[2], r = rec[3];
-        float nlo[3], nhi[3];
-        for (int k = 0; k < 3; ++k) {
-            nlo[k] = __int_as_float(rec[4 + k]);
-            nhi[k] = __int_as_float(rec[7 + k]);
-        }
+        const KdSmallRecord rec = kd_small_read_record(in_rec + w * KD_SMALL_RECORD);
+        const int node = rec.node, depth = rec.depth, start = rec.start, r = rec.count;
+        const float* nlo = rec.lo;
+        const float* nhi = rec.hi;
         int tri[KD_SMALL_PER_LANE];
         float blo[KD_SMALL_PER_LANE][3], bhi[KD_SMALL_PER_LANE][3];
         for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {

@@ -15,6 +15,7 @@
 #include "common.cuh"
 #include "sah.cuh"
 #include "scan.cuh"
+#include "small_record.cuh"
 
 // Rule R4: nodes above the leaf size and above the maximum depth search for a split.
 __device__ __forceinline__ bool kd_node_active(long long n_all, long long leaf_size,
@@ -580,21 +581,5 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
             a.out_ref[dst] = (int)rr;
             if (a.out_seg) a.out_seg[dst] = (int)(child_seg + 1);
         }
-    }
-}
-
-// A deferred node's record (KD_SMALL_RECORD int32): tree node, depth, start and
-// count of its references, box. Written by the level loop when it defers a node
-// and by the small-node levels for the children they keep deferring.
-__device__ __forceinline__ void kd_small_write_record(int* rec, int node, int depth, long long start,
-                                                      int count, const float* lo, const float* hi)
-{
-    rec[0] = node;
-    rec[1] = depth;
-    rec[2] = (int)start;
-    rec[3] = count;
-    for (int k = 0; k < 3; ++k) {
-        rec[4 + k] = __float_as_int(lo[k]);
-        rec[7 + k] = __float_as_int(hi[k]);
     }
 }

@@ -34,7 +34,7 @@ from .level_stages import build_level_stages
 from .output import TreeOutput
 from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
 from .small import build_small_subtrees
-from .workspace import Workspace
+from .workspace import Workspace, pooled
 
 
 @dataclasses.dataclass
@@ -113,7 +113,11 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     V_d, F_d = cp.asarray(V), cp.asarray(F)
     workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace)
     with workspace:
-        with stage(xp=cp, description="prepare_mesh"):
+        # The triangles' boxes and the root level are temporaries of every size
+        # from the workspace pool: made in the caller's, they stayed cached
+        # there after the build (H100, bunny: the end of the build was its
+        # peak, 128 bytes per triangle beside the tree, its layout and the mesh).
+        with stage(xp=cp, description="prepare_mesh"), pooled():
             _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \
                 prepare_mesh_cuda(cp, V_d, F_d)
         num_root = refs.size

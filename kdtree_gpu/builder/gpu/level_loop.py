@@ -21,7 +21,7 @@ from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .output import grown
-from .workspace import BlockLayout, arrays_in_one_block
+from .workspace import BlockLayout, arrays_in_one_block, pooled
 
 _loop_cache: dict = {}
 
@@ -323,7 +323,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                                            settings.clip_segment)
     if state.deferred is None:
         records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
-        state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
+        with pooled():  # (a temporary of the build: not left cached in the caller's pool)
+            state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
     while True:
         if buffers is None:
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
@@ -397,5 +398,6 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         if need_deferred > state.deferred.shape[0]:
-            state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
+            with pooled():
+                state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
         workspace.trim()

@@ -15,9 +15,9 @@ from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
 from ...mesh import MeshError, check_trace_range, smallest_triangle, validate_mesh
-from ...primitives import inclusive_scan, ordered_uint_to_float
+from ...primitives import inclusive_scan_in_place, ordered_uint_to_float
 from ..soa import EventSoA, NodeSoA, RefSoA
-from .workspace import carved, lasting
+from .workspace import arrays_in_one_block, carved, lasting
 
 _SOURCE = "build.cu"
 _init_cache: dict = {}
@@ -107,10 +107,16 @@ def prepare_mesh_cuda(cp, V, F):
     m = int(F.shape[0])
     V_d = cp.asarray(V)
     F_d = cp.asarray(F)
-    tri_lo = cp.empty((m, 3), dtype=np.float32)
-    tri_hi = cp.empty((m, 3), dtype=np.float32)
-    valid = cp.empty(m, dtype=np.int64)
-    summary = _summary_init(cp).copy()
+    # Two device blocks, not seven arrays (inside the build's workspace every
+    # allocation is the device's, and given back): the boxes, which last until
+    # the subtrees are built, and the root level with its scan and summary,
+    # which the first level consumes.
+    tri_lo, tri_hi = arrays_in_one_block(cp, [((m, 3), np.float32)] * 2)
+    node_shapes = list(NodeSoA.shapes(1).values())
+    valid, summary, ref_tri, ref_node, *node_arrays = arrays_in_one_block(
+        cp, [((m,), np.int64), ((enc.SUMMARY_SLOTS,), np.uint64), ((m,), np.int32),
+             ((m,), np.int32), *node_shapes])
+    summary[...] = _summary_init(cp)
     launch("prepare_mesh", get_function(_SOURCE, "kd_prepare_triangles"), m,
            (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, summary),
            block=enc.PREPARE_BLOCK)
@@ -135,10 +141,10 @@ def prepare_mesh_cuda(cp, V, F):
         check_trace_range(bounds, size, index)
         raise
     planar = host[enc.SUMMARY_PLANAR:enc.SUMMARY_LO].astype(np.int64)
-    # The root level: references numbered by a scan of the valid flags.
-    valid_scan = inclusive_scan(valid, description="prepare_mesh: number references")
-    refs = RefSoA.allocate(cp, num_valid)
-    nodes = NodeSoA.allocate(cp, 1)
+    # The root level: references numbered by a scan of the valid flags (in place).
+    valid_scan = inclusive_scan_in_place(valid, description="prepare_mesh: number references")
+    refs = RefSoA(ref_tri[:num_valid], ref_node[:num_valid])
+    nodes = NodeSoA(*node_arrays)
     launch("prepare_mesh: root level", get_function(_SOURCE, "kd_root_level"), m,
            (valid_scan, np.int64(m), summary, *refs.args(), *nodes.args()))
     return V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid

@@ -303,6 +303,41 @@ def test_the_root_events_leave_the_loop_buffers_tail_free_for_their_sort():
     assert nbytes >= 2 * 8 * num_events
 
 
+def test_an_out_of_memory_build_frees_its_arrays_before_the_caches(monkeypatch):
+    # The failed build's frames hold its arrays while the error propagates: the
+    # caches are released only once they are gone, so nothing stays cached.
+    import types
+    import weakref
+
+    from kdtree_gpu.builder import api
+    from kdtree_gpu.builder.gpu import workspace
+
+    class OutOfMemory(Exception):
+        pass
+
+    freed_first = []
+    arrays = []
+    xp = types.SimpleNamespace(
+        cuda=types.SimpleNamespace(memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemory)),
+        get_default_memory_pool=lambda: types.SimpleNamespace(
+            free_all_blocks=lambda: freed_first.append(arrays[0]() is None)))
+    monkeypatch.setattr(workspace, "release_cached",
+                        lambda: freed_first.append(arrays[0]() is None))
+
+    class Array:
+        pass
+
+    def build():
+        block = Array()
+        arrays.append(weakref.ref(block))
+        raise OutOfMemory("out of memory allocating 4,096 bytes")
+
+    with pytest.raises(MemoryError, match="does not fit in GPU memory .out of memory allocating"):
+        with api._out_of_memory_is_memory_error(xp, 7):
+            build()
+    assert freed_first == [True, True]
+
+
 @gpu
 def test_a_pool_limit_covers_the_workspace():
     import cupy
@@ -310,7 +345,7 @@ def test_a_pool_limit_covers_the_workspace():
     V, F = soup(np.random.default_rng(3), 20000, scale=0.01)
     pool = cupy.get_default_memory_pool()
     pool.free_all_blocks()
-    pool.set_limit(size=8 << 20)
+    pool.set_limit(size=4 << 20)  # the build holds about 7 MiB at its peak
     try:
         with pytest.raises(MemoryError, match="does not fit in GPU memory"):
             kd.build(V, F, device="cuda", settings=GpuSettings(workspace_block=1 << 20))
