@@ -98,7 +98,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         one launch per stage), small_subtrees (nodes whose subtree one warp
         built), small_runs_full (for each run of the subtree levels that
         found buffers full: the first level that did, from which the levels
-        ran again, and the ``encoding.SMALL_FULL_*`` bits of the buffers), small_level_sizes (nodes and references of each level of the
+        ran again, and the ``encoding.SMALL_FULL_*`` bits of the buffers),
+        small_level_sizes (nodes and references of each level of the
         subtrees, the deferred nodes first), depth, num_degenerate, bounds,
         peak_device_bytes (the most device memory the build held at once,
         mesh and tree included:
