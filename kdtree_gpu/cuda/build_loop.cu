@@ -58,9 +58,7 @@ __device__ __forceinline__ void kd_grid_scan_sums(Load load, long long n, long l
     if (threadIdx.x == 0) block_sum[blockIdx.x] = total;
 }
 
-// Second half (after a grid barrier): each block scans its chunk, starting
-// from the sum of the chunks before it.
-// kd_grid_scan_carry gives the block's chunk and the sum of the chunks before it.
+// The block's chunk (its size returned) and the sum of the chunks before it.
 __device__ __forceinline__ long long kd_grid_scan_carry(long long n, const long long* block_sum,
                                                         long long* begin, long long* end,
                                                         long long* carry)
@@ -72,6 +70,8 @@ __device__ __forceinline__ long long kd_grid_scan_carry(long long n, const long 
     return chunk;
 }
 
+// Second half (after a grid barrier): each block scans its chunk, starting
+// from the sum of the chunks before it.
 template <typename Load>
 __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
                                                     const long long* block_sum, long long* out)

@@ -190,7 +190,9 @@ def restart_capacity(need: int, fresh: int, limit: int = 0) -> int:
     return min(cap, limit) if limit else cap
 
 
-ROOT_SLOT = 0  # the loop buffers' slot the root events are decoded into
+# the loop buffers' slot the root events are decoded into (root_loop_buffers'
+# free part is the other slot's event_ref rows onwards: the first slot)
+ROOT_SLOT = 0
 
 
 def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, resident: int):
@@ -216,12 +218,13 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, residen
         return None
     buffers = LevelBuffers(cp, *plan[2][:4])
     events = buffers.level(ROOT_SLOT, 1, num_refs, num_events)[0]
-    # the event fields hold both slots (pos, kind, ref): the second slot's
-    # event_ref rows are the first free bytes with nothing in use after them
-    ref_field = list(EventSoA.shapes(1)).index("event_ref")
-    free = buffers.block.tail(0, ref_field, (1 - ROOT_SLOT) * buffers.cap_events * 4)
-    assert ROOT_SLOT == 0, "the free tail assumes the root in the first slot"
-    return buffers, events, free
+    # Each event field holds both slots (pos, kind, ref, in that order): with
+    # the root in the first, the second slot's event_ref rows are the first
+    # free bytes with nothing in use after them.
+    fields = EventSoA.shapes(1)
+    ref_field = list(fields).index("event_ref")
+    second_slot = buffers.cap_events * np.dtype(fields["event_ref"][1]).itemsize
+    return buffers, events, buffers.block.tail(0, ref_field, second_slot)
 
 
 def copied_level(cp, events, refs, nodes):

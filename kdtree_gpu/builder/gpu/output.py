@@ -79,21 +79,17 @@ class TreeOutput:
         (``cuda/build_small.cu``, KdSmallTree) and leaf packing write both
         pages; :meth:`finish` joins the node pages (the packed leaf list is
         one array)."""
-        from .workspace import pooled as workspace_pooled
-
         page = self.more_nodes if nodes else self.more_leaf
         split = used if page is None else (self.node_split if nodes else self.leaf_split)
-        keep = used - split
+        keep = used - split  # (0 for a first page: nothing to keep)
         if page is not None:
             rows = max(int(rows) + keep, 2 * (page.size if nodes else page.shape[0]))
+        like = page if page is not None else (self.nodes if nodes else self.leaf)
         with workspace_pooled():  # (the stage's, whatever its size)
             if nodes:
-                made = TreeNodeSoA(*(grown(self.cp, a, rows, keep) if page is not None
-                                     else self.cp.empty(rows, dtype=a.dtype)
-                                     for a in (page or self.nodes).args()))
+                made = TreeNodeSoA(*(grown(self.cp, a, rows, keep) for a in like.args()))
             else:
-                made = (grown(self.cp, page, rows, keep) if page is not None
-                        else self.cp.empty(rows, dtype=self.leaf.dtype))
+                made = grown(self.cp, like, rows, keep)
         if nodes:
             self.more_nodes, self.node_split = made, split
         else:

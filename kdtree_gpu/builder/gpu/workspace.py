@@ -16,8 +16,9 @@ level outgrows what it holds, and when the level-loop buffers are
 replaced. Smaller allocations (many, cheap to keep, about a millisecond
 per build to make anew) and the tree itself go to the caller's allocator
 (CuPy's default pool unless the caller set another), as before; inside
-:func:`pooled` every size goes to the workspace pool (the subtree stage's
-buffers, which go back with the build), and :func:`carved` cuts a phase's
+:func:`pooled` every size goes to the workspace pool (the triangles' boxes,
+the root level, the deferral records and the subtree stage's buffers, which
+go back with the build), and :func:`carved` cuts a phase's
 temporaries from a buffer not in use yet (the root's sort, from the level
 loop's buffers). Between phases :meth:`Workspace.release_unused` gives the
 blocks the next phase cannot use back to the device.
