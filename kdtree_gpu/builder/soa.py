@@ -40,8 +40,9 @@ class EventSoA(SoA):
         Index of the event's triangle reference in the level's ``RefSoA``.
     event_seg : (num_events,) int32
         ``axis * num_nodes + node``; events are sorted by segment first. The
-        level loop's buffers hold none (0 rows): the segment follows from the
-        event's place and its reference (:func:`.stages.event_segments`).
+        level loop's buffers hold none (0 rows), nor do the per-stage path's
+        levels without perfect splits (``None``): the segment follows from
+        the event's place and its reference (:func:`.stages.event_segments`).
     """
 
     c_name = "KdEvents"
@@ -50,6 +51,15 @@ class EventSoA(SoA):
     event_kind: object = soa_field(enc.EVENT_KIND_DTYPE)
     event_ref: object = soa_field(enc.EVENT_TRI_DTYPE)
     event_seg: object = soa_field(np.int32)
+
+    @classmethod
+    def allocate_level(cls, xp, n: int, segments: bool = True) -> "EventSoA":
+        """A level's events (uninitialized); without ``segments``, ``event_seg`` is
+        ``None``: the kernels derive each event's segment (``KdEventSegment``)."""
+        events = cls.allocate(xp, n, **({} if segments else {"event_seg": 0}))
+        if not segments:
+            events.event_seg = None
+        return events
 
 
 @dataclasses.dataclass

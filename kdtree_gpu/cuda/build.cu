@@ -45,8 +45,17 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
     kd_block_scan(KdLoadOpenClose{event_kind}, num_events + 1, open_close_ex);
 }
 
+// event_seg may be null (the per-stage path stores segments only when clipping):
+// each event's segment then comes from its reference's node and its place.
+// Two passes: with seg_best null, each segment's minimum into seg_min_cost,
+// each event's side and the high words of its cost (the low words too where
+// event_cost_lo is not null); with seg_best, the lowest event index at that
+// minimum (rule R8's tie-break) into seg_best, computing again only the costs
+// whose high word is the minimum's (the low words need no memory).
 extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
+                                          const int* __restrict__ event_ref,
+                                          const int* __restrict__ ref_node,
                                           const long long* __restrict__ open_close_ex,
                                           const long long* __restrict__ seg_event_offset,
                                           const long long* __restrict__ node_ref_offset,
@@ -62,25 +71,15 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           unsigned int* __restrict__ event_cost_hi,
                                           unsigned int* __restrict__ event_cost_lo,
                                           signed char* __restrict__ event_side,
-                                          unsigned long long* __restrict__ seg_min_cost)
+                                          unsigned long long* seg_min_cost,
+                                          unsigned long long* __restrict__ seg_best)
 {
-    KdCostArgs a = {event_pos, {event_seg, nullptr, nullptr, seg_event_offset, num_nodes},
+    KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
                     open_close_ex, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
                     longest_only, k_traversal, k_intersect, empty_bonus,
-                    {event_cost_hi, event_cost_lo}, event_side, seg_min_cost};
+                    {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best};
     kd_split_cost_event(a, kd_tid());
-}
-
-extern "C" __global__ void kd_segment_argmin(unsigned int* __restrict__ event_cost_hi,
-                                             unsigned int* __restrict__ event_cost_lo,
-                                             const int* __restrict__ event_seg,
-                                             const unsigned long long* __restrict__ seg_min_cost,
-                                             long long num_events,
-                                             unsigned long long* __restrict__ seg_best)
-{
-    kd_argmin_event({event_cost_hi, event_cost_lo}, {event_seg, nullptr, nullptr, nullptr, 0},
-                    seg_min_cost, num_events, seg_best, kd_tid());
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
@@ -91,12 +90,12 @@ extern "C" __global__ void kd_segment_argmin(unsigned int* __restrict__ event_co
         const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
         long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
         signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
-        long long *split_leaf
+        long long *split_leaf, const unsigned long long *seg_min_cost
 #define KD_SELECT_ARGS                                                                    \
     {seg_best, {event_cost_hi, event_cost_lo}, event_pos, event_side, node_ref_offset,      \
      num_nodes, leaf_size,                                                                   \
      level_active, k_intersect, best_cost, best_axis, best_pos, best_side, node_split,       \
-     split_leaf}
+     split_leaf, seg_min_cost}
 
 extern "C" __global__ void kd_select_splits(KD_SELECT_PARAMS)
 {
@@ -236,7 +235,7 @@ extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,
 {
     KdScatterArgs a = {ref_tri, ref_node, ref_class, ref_lr_ex, node_ref_offset, split_leaf_ex,
                        child_ref_offset, event_pos, event_kind, event_ref,
-                       {event_seg, nullptr, nullptr, seg_event_offset, num_nodes},
+                       {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
                        event_lr_ex, seg_event_offset, child_event_offset, num_nodes, num_refs,
                        num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,
                        out_kind, out_ref, out_seg, clip};

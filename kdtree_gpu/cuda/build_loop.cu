@@ -246,7 +246,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
         KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
-                           k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost};
+                           k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost,
+                           nullptr};
         kd_grid_for(num_events, [&](long long e) {
             kd_split_cost_event(cost, e);
             // with perfect splits, each reference's box in its node (R2)
@@ -261,7 +262,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         grid.sync();
         KdSelectArgs select = {s.seg_best, event_cost, pos, event_side, node_ref_offset, n,
                                leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
-                               s.best_pos, s.best_side, s.node_split, s.split_leaf};
+                               s.best_pos, s.best_side, s.node_split, s.split_leaf, nullptr};
         kd_grid_for(n, [&](long long i) {
             if (i >= n) return;
             kd_select_node(select, i);

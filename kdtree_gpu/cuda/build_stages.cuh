@@ -108,7 +108,7 @@ struct KdEventCosts {
     {
         unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
         hi[e] = (unsigned int)(bits >> 32);
-        lo[e] = (unsigned int)bits;
+        if (lo) lo[e] = (unsigned int)bits;  // (null: the high words only)
     }
     __device__ __forceinline__ unsigned long long bits(long long e) const
     {
@@ -142,65 +142,97 @@ struct KdCostArgs {
     int level_active;
     int longest_only;
     double k_traversal, k_intersect, empty_bonus;
-    KdEventCosts event_cost;
-    signed char* event_side;
+    KdEventCosts event_cost;   // hi null: not stored
+    signed char* event_side;   // null: not stored
     unsigned long long* seg_min_cost;
+    // Non-null: the arg-min pass (the per-stage path stores the costs' high words
+    // only, event_cost.lo null): the lowest event index whose cost is its
+    // segment's minimum (as kd_argmin_event) into seg_best, each cost computed
+    // again where its high word equals the minimum's; seg_min_cost is only read.
+    unsigned long long* seg_best;
 };
+
+// Event e's plane cost (+inf where e is no candidate) and side, e live and in
+// segment seg.
+__device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long long e, int seg,
+                                                      signed char* side_out)
+{
+    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    signed char side = KD_SIDE_LEFT;
+    int node = (int)(seg % a.num_nodes);
+    int axis = (int)(seg / a.num_nodes);
+    float p = a.event_pos[e];
+    float lo_k = a.node_lo[3 * node + axis];
+    float hi_k = a.node_hi[3 * node + axis];
+    long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
+    // a run starts its segment's events or follows another position
+    long long seg_start = a.seg_event_offset[seg];
+    bool head = e == seg_start || a.event_pos[e - 1] != p;
+    if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
+        && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
+        long long seg_end = a.seg_event_offset[seg + 1];
+        long long run_end = e + 1;
+        if (run_end < seg_end && a.event_pos[run_end] == p) {
+            // positions in [e, seg_end) are >= p and sorted: the run is
+            // [e, b) with b the first index whose position exceeds p
+            long long lo = run_end, hi = seg_end;
+            while (hi - lo > 1) {
+                long long m = lo + (hi - lo) / 2;
+                if (a.event_pos[m] == p) lo = m; else hi = m;
+            }
+            run_end = hi;
+        }
+        long long oc_e = a.open_close_ex[e];
+        long long oc_s = a.open_close_ex[seg_start];
+        long long oc_r = a.open_close_ex[run_end];
+        long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+        long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+        long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+        long long n_planar = planar_r - planar_e;
+        long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+
+        double lo[3], ext[3];
+        for (int k = 0; k < 3; ++k) {
+            lo[k] = (double)a.node_lo[3 * node + k];
+            ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
+        }
+        double area = kd_half_area(ext[0], ext[1], ext[2]);
+        int plane_side;
+        cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
+                             a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
+        side = (signed char)plane_side;
+    }
+    *side_out = side;
+    return cost;
+}
 
 // Event e's cost. Every lane of a warp must call it (e >= num_events for
 // lanes past the end): they take part in the segmented minimum at the end.
 __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long long e)
 {
     bool live = e < a.num_events;
-    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
-    signed char side = KD_SIDE_LEFT;
     int seg = live ? a.event_seg(e) : -1;
-    if (live) {
-        int node = (int)(seg % a.num_nodes);
-        int axis = (int)(seg / a.num_nodes);
-        float p = a.event_pos[e];
-        float lo_k = a.node_lo[3 * node + axis];
-        float hi_k = a.node_hi[3 * node + axis];
-        long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
-        // a run starts its segment's events or follows another position
-        long long seg_start = a.seg_event_offset[seg];
-        bool head = e == seg_start || a.event_pos[e - 1] != p;
-        if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
-            && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
-            long long seg_end = a.seg_event_offset[seg + 1];
-            long long run_end = e + 1;
-            if (run_end < seg_end && a.event_pos[run_end] == p) {
-                // positions in [e, seg_end) are >= p and sorted: the run is
-                // [e, b) with b the first index whose position exceeds p
-                long long lo = run_end, hi = seg_end;
-                while (hi - lo > 1) {
-                    long long m = lo + (hi - lo) / 2;
-                    if (a.event_pos[m] == p) lo = m; else hi = m;
-                }
-                run_end = hi;
+    signed char side = KD_SIDE_LEFT;
+    if (a.seg_best) {  // the arg-min pass (uniform across the warp)
+        unsigned long long key = KD_NO_INDEX;
+        if (live) {
+            unsigned long long min_bits = a.seg_min_cost[seg];
+            // the stored high word rules out all but the minimum and its
+            // near-ties: only those compute their cost again
+            if (min_bits != KD_INF_BITS && a.event_cost.hi[e] == (unsigned int)(min_bits >> 32)) {
+                double c = kd_event_plane_cost(a, e, seg, &side);
+                if ((unsigned long long)__double_as_longlong(c) == min_bits)
+                    key = (unsigned long long)e;
             }
-            long long oc_e = a.open_close_ex[e];
-            long long oc_s = a.open_close_ex[seg_start];
-            long long oc_r = a.open_close_ex[run_end];
-            long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
-            long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
-            long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
-            long long n_planar = planar_r - planar_e;
-            long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
-
-            double lo[3], ext[3];
-            for (int k = 0; k < 3; ++k) {
-                lo[k] = (double)a.node_lo[3 * node + k];
-                ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
-            }
-            double area = kd_half_area(ext[0], ext[1], ext[2]);
-            int plane_side;
-            cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
-                                 a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
-            side = (signed char)plane_side;
         }
-        a.event_cost.store(e, cost);
-        a.event_side[e] = side;
+        kd_warp_segmented_atomic_min(key, seg, a.seg_best);
+        return;
+    }
+    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    if (live) {
+        cost = kd_event_plane_cost(a, e, seg, &side);
+        if (a.event_cost.hi) a.event_cost.store(e, cost);
+        if (a.event_side) a.event_side[e] = side;
     }
     unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
     kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
@@ -245,6 +277,9 @@ struct KdSelectArgs {
     signed char* best_side;
     bool* node_split;
     long long* split_leaf;  // (n + 1)
+    // where event_cost.hi is null (costs not stored): the best event's cost is
+    // its segment's minimum, whose bits these are
+    const unsigned long long* seg_min_cost;
 };
 
 __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long i)
@@ -255,7 +290,9 @@ __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long 
     for (int k = 0; k < 3; ++k) {
         unsigned long long best = a.seg_best[k * a.num_nodes + i];
         if (best != KD_NO_INDEX) {
-            double c = a.event_cost.load((long long)best);
+            double c = a.event_cost.hi
+                           ? a.event_cost.load((long long)best)
+                           : __longlong_as_double((long long)a.seg_min_cost[k * a.num_nodes + i]);
             if (c < cost) {
                 cost = c;
                 axis = k;

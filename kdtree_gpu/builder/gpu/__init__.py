@@ -133,7 +133,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                       num_root, grid_loop[1])
         with stage(xp=cp, description="create_root_events"):
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
-                                             out=first and first[1], scratch=first and first[2])
+                                             out=first and first[1], scratch=first and first[2],
+                                             segments=cfg.clip)
         state = LoopState(events, refs, nodes, workspace=workspace,
                           buffers=first and first[0])
         del events, refs, nodes, first  # the state holds the root level while it is needed

@@ -227,15 +227,19 @@ def root_loop_buffers(cp, cfg, settings, num_events: int, num_refs: int, residen
     return buffers, events, buffers.block.tail(0, ref_field, second_slot)
 
 
-def copied_level(cp, events, refs, nodes):
+def copied_level(cp, events, refs, nodes, segments: bool = False):
     """A copy of a level whose events live in the loop's buffers (no ``event_seg``),
-    as the per-stage path reads it: with each event's segment
+    as the per-stage path reads it: with ``segments`` (perfect splits: the
+    clipping kernels read them), each event's segment
     (:func:`..stages.event_segments`)."""
     from ..stages import event_segments
 
     refs = RefSoA(*(a.copy() for a in refs.args()))
     nodes = NodeSoA(*(a.copy() for a in nodes.args()))
-    seg = event_segments(cp, events.event_ref, refs.ref_node, nodes.seg_event_offset, nodes.size)
+    seg = None
+    if segments:
+        seg = event_segments(cp, events.event_ref, refs.ref_node, nodes.seg_event_offset,
+                             nodes.size)
     return EventSoA(*(a.copy() for a in events.args()[:3]), seg), refs, nodes
 
 
@@ -375,12 +379,11 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         if slot >= 0:
             views = buffers.level(
                 slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
-        elif state.events.event_seg is None:
-            # the start level, decoded into the loop's buffers without
-            # segments: the per-stage path reads each event's segment
+        elif root_in_buffers:
+            # the start level, decoded into the loop's buffers
             views = (state.events, state.refs, state.nodes)
         if views is not None:
-            state.events, state.refs, state.nodes = copied_level(cp, *views)
+            state.events, state.refs, state.nodes = copied_level(cp, *views, segments=cfg.clip)
             del views
         buffers = None
         root_in_buffers = False  # (copied out with the level)

@@ -17,12 +17,16 @@ the kernels of ``cuda/clip.cu`` (twins of :mod:`..clip`).
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+
 import numpy as np
 
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import compact_indices, inclusive_scan, inclusive_scan_pair, radix_sort
+from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_in_place,
+                           inclusive_scan_pair, radix_sort)
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
 
 _SOURCE = "build.cu"
@@ -38,19 +42,74 @@ def _clip_kernel(name):
     return get_function(_CLIP_SOURCE, name)
 
 
-def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
+def _or_null(a):
+    """``a``, or a null pointer for ``None`` (an absent field: events without segments)."""
+    return np.uint64(0) if a is None else a
+
+
+@dataclasses.dataclass
+class SplitCosts:
+    """What :func:`compute_split_costs_gpu` leaves for :func:`select_best_splits_gpu`.
+
+    Attributes
+    ----------
+    open_close_ex : (E + 1,) int64
+        Exclusive scan of the packed (opens, closes) counts.
+    event_side : (E,) int8
+    seg_min_cost : (3n,) uint64
+        Cost bits of each segment's minimum.
+    seg_best : (3n,) uint64
+        Reset for the arg-min.
+    cost_hi : (E,) uint32
+        The high word of each event's float64 cost.
+    event_cost : (2E,) uint32 or None
+        Each event's float64 cost as two 32-bit halves (the high words, then
+        the low words; :func:`event_costs` reads them back; ``cost_hi`` is
+        its first half), only when asked for (``store_costs``: the tests
+        compare them with the NumPy twin's).
+    """
+
+    open_close_ex: object
+    event_side: object
+    seg_min_cost: object
+    seg_best: object
+    cost_hi: object
+    event_cost: object = None
+
+    def halves(self) -> tuple:
+        """The costs' stored (high, low) words; the low ones ``None`` unless stored."""
+        if self.event_cost is not None:
+            return _halves(self.event_cost)
+        return self.cost_hi, None
+
+
+def _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, halves, event_side,
+               seg_min_cost, seg_best) -> tuple:
+    """The arguments of ``kd_split_costs``: its cost pass (``seg_best`` None) or its
+    arg-min pass; ``halves`` the costs' (high, low) words; ``None`` arrays are
+    null pointers (not stored)."""
+    return (events.event_pos, _or_null(events.event_seg), events.event_ref, refs.ref_node,
+            open_close_ex, nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
+            nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
+            np.int32(level_active), np.int32(cfg.axes == "longest"), f64(cfg.k_traversal),
+            f64(cfg.k_intersect), f64(cfg.empty_bonus), *map(_or_null, halves),
+            _or_null(event_side), seg_min_cost, _or_null(seg_best))
+
+
+def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
+                            store_costs=False) -> SplitCosts:
     """R5-R7: the cost of every candidate plane (``inf`` elsewhere) and each
     segment's minimum cost.
 
-    Returns
-    -------
-    event_cost : (2E,) uint32
-        Each event's float64 cost as two 32-bit halves: the high words
-        (``[:E]``), then the low words (``[E:]``); :func:`event_costs` reads
-        them back.
-    event_side : (E,) int8
-    seg_min_cost, seg_best : (3n,) uint64
-        Cost bits of each segment's minimum; ``seg_best`` reset for the arg-min.
+    The events' segments are read from ``events.event_seg``, or, where it is
+    ``None`` (the per-stage path stores them only with perfect splits),
+    derived from each event's place and its reference's node
+    (``KdEventSegment``). Of each cost only its high word is stored (unless
+    ``store_costs``): :func:`select_best_splits_gpu` computes again the
+    costs whose high word equals their segment's minimum's (4 bytes per
+    event less at the level's peak; without any stored word every cost
+    would be computed twice: on an H100, 23 ms more of a 5.5M-triangle
+    build's 200). The flags are scanned in place.
     """
     n, num_events = nodes.size, events.size
     open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
@@ -61,22 +120,19 @@ def compute_split_costs_gpu(cp, cfg, events, nodes, level_active, small):
                (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
                 seg_best))
     else:
-        open_close = cp.empty(num_events + 1, dtype=np.int64)
         launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
                max(num_events, 3 * n),
-               (events.event_pos, events.event_kind, events.event_seg, i64(num_events),
-                i64(3 * n), open_close, seg_min_cost, seg_best))
-        open_close_ex = inclusive_scan(open_close, description="compute_split_costs: scan")
-        del open_close  # its block serves the costs below
-    event_cost = cp.empty(2 * num_events, dtype=np.uint32)
+               (events.event_pos, events.event_kind, _or_null(events.event_seg),
+                i64(num_events), i64(3 * n), open_close_ex, seg_min_cost, seg_best))
+        inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
+    event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
+    cost_hi = _halves(event_cost)[0] if store_costs else cp.empty(num_events, dtype=np.uint32)
     event_side = cp.empty(num_events, dtype=np.int8)
+    costs = SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, cost_hi, event_cost)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-           (events.event_pos, events.event_seg, open_close_ex,
-            nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-            i64(n), i64(num_events), i64(cfg.leaf_size), np.int32(level_active),
-            np.int32(cfg.axes == "longest"), f64(cfg.k_traversal), f64(cfg.k_intersect),
-            f64(cfg.empty_bonus), *_halves(event_cost), event_side, seg_min_cost))
-    return event_cost, event_side, seg_min_cost, seg_best
+           _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, costs.halves(),
+                      event_side, seg_min_cost, None))
+    return costs
 
 
 def _halves(event_cost) -> tuple:
@@ -91,10 +147,14 @@ def event_costs(event_cost):
     return ((hi.astype(np.uint64) << np.uint64(32)) | lo).view(np.float64)
 
 
-def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_min_cost,
-                           seg_best, level_active, small):
+def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, small):
     """R8 and R4: each segment's lowest-index minimum, each node's best plane,
     whether it splits, and the scan of the (split, leaf references) pairs.
+
+    Parameters
+    ----------
+    costs : SplitCosts
+        From :func:`compute_split_costs_gpu` on the same level.
 
     Returns
     -------
@@ -104,20 +164,23 @@ def select_best_splits_gpu(cp, cfg, events, nodes, event_cost, event_side, seg_m
         Inclusive scan of (split | leaf references << 32) after a leading 0.
     """
     n, num_events = nodes.size, events.size
-    # the cost kernel left each segment's minimum cost; this pass finds its
-    # lowest event index (lowest position: R8's tie-break)
-    launch("select_best_splits: segmented argmin", _kernel("kd_segment_argmin"), num_events,
-           (*_halves(event_cost), events.event_seg, seg_min_cost, i64(num_events), seg_best))
+    # the cost pass left each segment's minimum cost; this pass finds each
+    # minimum's lowest event index (lowest position: R8's tie-break),
+    # computing again the costs whose high word is the minimum's
+    launch("select_best_splits: segmented argmin", _kernel("kd_split_costs"), num_events,
+           _cost_args(cfg, events, refs, nodes, costs.open_close_ex, level_active, costs.halves(),
+                      None, costs.seg_min_cost, costs.seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                      node_axis=cp.empty(n, dtype=np.int8),
                      node_pos=cp.empty(n, dtype=np.float32),
                      node_side=cp.empty(n, dtype=np.int8))
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
-    select_args = (seg_best, *_halves(event_cost), events.event_pos, event_side,
-                   nodes.node_ref_offset, i64(n), i64(cfg.leaf_size), np.int32(level_active),
-                   f64(cfg.k_intersect), best.node_cost, best.node_axis, best.node_pos,
-                   best.node_side, node_split, split_leaf)
+    # the best events' costs are their segments' minima (no stored costs: null)
+    select_args = (costs.seg_best, _or_null(None), _or_null(None), events.event_pos,
+                   costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
+                   np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
+                   best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost)
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
         launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
@@ -170,6 +233,9 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, c
 def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small):
     """Where every copy goes: the flag scans, the child group sizes and their scans.
 
+    On grid levels the flag scans are written over ``ref_lr`` and
+    ``event_lr`` (the first two results are those arrays).
+
     Returns
     -------
     ref_lr_ex : (R + 1,) int64
@@ -196,7 +262,9 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr
                 ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
                 child_ref_offset, child_event_offset, totals))
     else:
-        ref_lr_ex, event_lr_ex = inclusive_scan_pair(ref_lr, event_lr, "route: scans")
+        # in place: the flags are not read again
+        ref_lr_ex = inclusive_scan_in_place(ref_lr, description="route: reference scan")
+        event_lr_ex = inclusive_scan_in_place(event_lr, description="route: event scan")
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
@@ -234,7 +302,9 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
                               clip=False):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
-    (with ``clip``, without the straddling references' events).
+    (with ``clip``, without the straddling references' events). The child
+    events store their segments only with ``clip`` (the clipping kernels
+    read them); else ``event_seg`` is ``None`` (4 bytes per event less).
 
     Returns
     -------
@@ -242,19 +312,19 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         The next level's references and events.
     """
     child_refs = RefSoA.allocate(cp, num_child_refs)
-    child_events = EventSoA.allocate(cp, num_child_events)
+    child_events = EventSoA.allocate_level(cp, num_child_events, segments=clip)
     launch("split_refs_and_events", _kernel("kd_scatter"), max(refs.size, events.size),
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
-            split_leaf_ex, child_ref_offset, *events.args(), event_lr_ex, nodes.seg_event_offset,
-            child_event_offset, i64(nodes.size), i64(refs.size), i64(events.size),
-            i64(leaf_ref_base), leaf_tris, *child_refs.args(), *child_events.args(),
-            np.int32(clip)))
+            split_leaf_ex, child_ref_offset, *map(_or_null, events.args()), event_lr_ex,
+            nodes.seg_event_offset, child_event_offset, i64(nodes.size), i64(refs.size),
+            i64(events.size), i64(leaf_ref_base), leaf_tris, *child_refs.args(),
+            *map(_or_null, child_events.args()), np.int32(clip)))
     return child_refs, child_events
 
 
 def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, nodes,
                         split_leaf_ex, child_ref_offset, child_nodes, kept, kept_offset,
-                        num_split):
+                        num_split, lasting=contextlib.nullcontext):
     """Perfect splits: the straddling references' new events merged into the
     kept ones (:func:`kdtree_gpu.builder.clip.clip_straddling` on the GPU).
 
@@ -263,7 +333,8 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     (``kd_clip_event_keys``); every event is then written at its place in
     the merged list (``kd_clip_place_new``, ``kd_clip_place_kept``): the
     twin's events and merge, fused. Reads the number of straddling
-    references and of new events (two synchronizations).
+    references and of new events (two synchronizations). The merged events
+    and their offsets are made inside ``lasting()`` (they outlive the level).
 
     Returns
     -------
@@ -296,12 +367,13 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
     with stage(xp=cp, description="clip_straddling: count"):
         num_new = 6 * num_copies - int(num_planar.get()[0])
     num_segments = int(kept_offset.shape[0]) - 1
-    merged = EventSoA.allocate(cp, kept.size + num_new)
+    with lasting():
+        merged = EventSoA.allocate(cp, kept.size + num_new)
+        offset = cp.empty(num_segments + 1, dtype=np.int64)
     place = cp.empty(num_new, dtype=np.int64)
     launch("clip_straddling: place new", _clip_kernel("kd_clip_place_new"), num_new,
            (sorted_slot, i64(num_new), i64(num_copies), copy_lo, copy_hi, copy_ref, copy_seg,
             kept_key, kept_offset, i64(num_children), child_ref_offset, place, merged.struct()))
-    offset = cp.empty(num_segments + 1, dtype=np.int64)
     launch("clip_straddling: place kept", _clip_kernel("kd_clip_place_kept"),
            max(kept.size, num_segments + 1),
            (kept.struct(), i64(kept.size), place, sorted_key, i64(num_new), kept_offset,
@@ -328,19 +400,19 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     """
     events, refs, nodes = state.events, state.refs, state.nodes
     n, num_refs, num_events = nodes.size, refs.size, events.size
-    state.workspace.begin_level(num_events)
+    workspace = state.workspace
+    # a large level's temporaries are made anew, its children in a pool of their own
+    large = workspace.begin_level(num_events)
     level, level_base, leaf_ref_base = state.level, state.level_base, state.leaf_ref_base
     state.level_sizes.append((n, num_refs, num_events))
     state.stage_levels.append(level)
     level_active = level < max_depth
     small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
-    event_cost, event_side, seg_min_cost, seg_best = compute_split_costs_gpu(
-        cp, cfg, events, nodes, level_active, small)
-    best, node_split, split_leaf_ex = select_best_splits_gpu(
-        cp, cfg, events, nodes, event_cost, event_side, seg_min_cost, seg_best, level_active,
-        small)
+    costs = compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small)
+    best, node_split, split_leaf_ex = select_best_splits_gpu(cp, cfg, events, refs, nodes, costs,
+                                                             level_active, small)
     # Each array is dropped after its last use, so that later stages reuse its memory.
-    del event_cost, event_side, seg_min_cost, seg_best
+    del costs
     box_lo, box_hi = tri_lo, tri_hi
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
@@ -353,27 +425,33 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
         # The one deliberate device-to-host read per level: sizes of the next level.
         num_split, num_child_refs, num_child_events, num_leaf_refs = (
             int(c) for c in totals.get())
+    children = workspace.aside if large else contextlib.nullcontext
     out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
-    child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
-                                 leaf_ref_base, num_split, out)
-    child_refs, child_events = split_refs_and_events_gpu(
-        cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
-        child_ref_offset, child_event_offset, num_child_refs, num_child_events, leaf_ref_base,
-        out.leaf, cfg.clip)
-    seg_event_offset = child_event_offset[:6 * num_split + 1]
+    with children():
+        child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
+                                     leaf_ref_base, num_split, out)
+        child_refs, child_events = split_refs_and_events_gpu(
+            cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
+            child_ref_offset, child_event_offset, num_child_refs, num_child_events,
+            leaf_ref_base, out.leaf, cfg.clip)
+        node_ref_offset = child_ref_offset[:2 * num_split + 1]
+        seg_event_offset = child_event_offset[:6 * num_split + 1]
+        if large:  # (the route's arrays are temporaries)
+            node_ref_offset, seg_event_offset = node_ref_offset.copy(), seg_event_offset.copy()
     if cfg.clip and num_split:
         child_events, seg_event_offset = clip_straddling_gpu(
             cp, mesh, refs, box_lo, box_hi, ref_class, ref_lr_ex, nodes, split_leaf_ex,
-            child_ref_offset, child_nodes, child_events, seg_event_offset, num_split)
+            child_ref_offset, child_nodes, child_events, seg_event_offset, num_split,
+            lasting=children)
     # Both levels' arrays are alive here: the build's high-water mark.
-    state.workspace.sample()
+    workspace.sample()
     state.level_base = level_base + n
     state.leaf_ref_base = leaf_ref_base + num_leaf_refs
     state.level = level + 1
     if num_split == 0:
         state.done = True
         return state
-    child_nodes.node_ref_offset = child_ref_offset[:2 * num_split + 1]
+    child_nodes.node_ref_offset = node_ref_offset
     child_nodes.seg_event_offset = seg_event_offset
     state.events, state.refs, state.nodes = child_events, child_refs, child_nodes
     return state

@@ -12,7 +12,8 @@ import numpy as np
 
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
-from .workspace import arrays_in_one_block, pooled as workspace_pooled
+from .workspace import (arrays_in_one_block, pooled as workspace_pooled, release_tree_blocks,
+                        tree_blocks)
 
 
 # bytes a finished small tree's block may hold beyond the tree instead of being copied
@@ -36,10 +37,12 @@ class TreeOutput:
     The five buffers are cut from one block (one allocation, and one block
     given back when they outgrow it). A block below the workspace's
     ``min_block`` is the caller's (a finished small tree may be a view of
-    it), a larger one the build's workspace: 55 bytes per triangle of
-    conference's tree, made as five arrays each below ``min_block``, stayed
-    cached in the caller's pool once the subtree stage had moved the tree
-    (measured on an H100: 530 instead of 494 bytes per triangle at the peak).
+    it), a larger one the build's tree pool (:func:`.workspace.tree_blocks`),
+    which gives the block back as soon as the output outgrows it: 55 bytes
+    per triangle of conference's tree, made as five arrays each below
+    ``min_block``, stayed cached in the caller's pool once the subtree stage
+    had moved the tree (measured on an H100: 530 instead of 494 bytes per
+    triangle at the peak).
     A growth made with ``reserve(..., pooled=True)`` comes from the workspace
     pool whatever its size (:func:`.workspace.pooled`), and :attr:`pooled`
     then says that :meth:`finish` must copy every array out.
@@ -85,7 +88,7 @@ class TreeOutput:
         if page is not None:
             rows = max(int(rows) + keep, 2 * (page.size if nodes else page.shape[0]))
         like = page if page is not None else (self.nodes if nodes else self.leaf)
-        with workspace_pooled():  # (the stage's, whatever its size)
+        with workspace_pooled(), tree_blocks():  # (the build's, whatever its size)
             if nodes:
                 made = TreeNodeSoA(*(grown(self.cp, a, rows, keep) for a in like.args()))
             else:
@@ -95,6 +98,8 @@ class TreeOutput:
         else:
             self.more_leaf, self.leaf_split = made, split
         self.pooled = True
+        del page, like, made
+        release_tree_blocks()  # the page this one replaced
 
     def page_args(self) -> tuple:
         """The kernel arguments of both pages: (nodes, leaf list, second page's nodes,
@@ -112,7 +117,8 @@ class TreeOutput:
         shapes = TreeNodeSoA.shapes(1)
         fields = [((r,), dtype) for r, (_, dtype) in zip(rows, shapes.values())]
         fields.append(((rows[4],), enc.LEAF_TRIS_DTYPE))
-        made = arrays_in_one_block(self.cp, fields)
+        with tree_blocks():
+            made = arrays_in_one_block(self.cp, fields)
         self.block_bytes = sum(a.nbytes for a in made)
         for a, view, k in zip(old or (), made, keep):
             k = min(int(k), a.shape[0], view.shape[0])
@@ -145,6 +151,8 @@ class TreeOutput:
             self.pooled = True
         else:
             self._make(rows, used, arrays)
+        del arrays
+        release_tree_blocks()  # the block this one replaced
 
     def set_final_leaf(self, leaf) -> None:
         """Replace the leaf list by the tree's own, at its size and made with the

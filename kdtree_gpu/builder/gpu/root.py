@@ -156,7 +156,7 @@ def root_event_count(num_refs: int, planar) -> int:
 
 
 def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None,
-                            scratch=None) -> EventSoA:
+                            scratch=None, segments=True) -> EventSoA:
     """Rule R3 on the device: one key per event, one radix sort, decode.
 
     Parameters
@@ -171,6 +171,9 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None,
     scratch : (MemoryPointer, int), optional
         Device memory not in use that the keys and the sort may take
         (:func:`.workspace.carved`; what does not fit is allocated as usual).
+    segments : bool
+        Store each event's segment in new arrays (the per-stage path reads
+        them only with perfect splits: else ``event_seg`` is ``None``).
 
     Returns
     -------
@@ -191,7 +194,7 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None,
             # build's peak on the bunny).
             keys.sort()
     total = root_event_count(num_refs, planar)
-    events = EventSoA.allocate(cp, total) if out is None else out
+    events = EventSoA.allocate_level(cp, total, segments) if out is None else out
     launch("create_root_events: decode", get_function(_SOURCE, "kd_root_events_decode"), total,
            (keys, np.int64(total), events.struct()))
     return events

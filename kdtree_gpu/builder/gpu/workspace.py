@@ -39,7 +39,8 @@ import threading
 ALIGN = 256  # bytes: arrays cut from one block start at multiples of this
 
 # (device id, kind) -> a workspace pool (kept: its cached blocks are what we free);
-# kind "" is the build's pool, "aside" holds a level moved out of it (Workspace.aside)
+# kind "" is the build's pool, "aside" holds levels that outlive the blocks around them
+# (Workspace.aside), "tree" the tree's output blocks (Workspace.tree_blocks)
 _pools: dict = {}
 _active = threading.local()  # the workspace of the build running on this thread, if any
 
@@ -81,6 +82,21 @@ def lasting():
     caller's allocator while a workspace is active, else nothing changes."""
     workspace = getattr(_active, "workspace", None)
     return workspace.outputs() if workspace is not None else contextlib.nullcontext()
+
+
+def tree_blocks():
+    """A context for the tree output's large blocks: the running build's tree pool
+    (:meth:`Workspace.tree_blocks`); outside a build nothing changes."""
+    workspace = getattr(_active, "workspace", None)
+    return workspace.tree_blocks() if workspace is not None else contextlib.nullcontext()
+
+
+def release_tree_blocks() -> None:
+    """Give the tree pool's free blocks back (the output's block it outgrew), if a
+    build is running."""
+    workspace = getattr(_active, "workspace", None)
+    if workspace is not None:
+        workspace.release_tree_blocks()
 
 
 def pooled():
@@ -158,7 +174,9 @@ class Workspace:
         self.cp = cp
         self.pool = device_pool(cp)
         self.aside_pool = device_pool(cp, "aside")
+        self.tree_pool = device_pool(cp, "tree")
         self._aside = 0  # depth of aside() contexts
+        self._tree = 0  # depth of tree_blocks() contexts
         self.min_block = int(min_block)
         self.keep = bool(keep)
         self.user = cp.cuda.get_allocator()
@@ -168,14 +186,16 @@ class Workspace:
         self.user_base = self.user_pool.total_bytes() if self.user_pool is not None else 0
         self.high_water = 0
         self._context = None
-        self._level_class = 0
         self._every_size = 0  # depth of every_size() contexts
+        self._level_class = 0  # the largest size class of a level run by stages so far
 
     def _malloc(self, size: int):
         if self._aside:
-            pool = self.aside_pool  # at its size: nothing else is cut from it
+            pool, size = self.aside_pool, size_class(size)
         elif size < self.min_block and not self._every_size:
             return self.user(size)
+        elif self._tree:
+            pool = self.tree_pool  # at its size: nothing else is cut from it
         else:
             pool, size = self.pool, size_class(size)
         limit = self.user_pool.get_limit() if self.user_pool is not None else 0
@@ -195,7 +215,7 @@ class Workspace:
 
     def _held(self) -> int:
         return (self.user_pool.total_bytes() + self.pool.total_bytes()
-                + self.aside_pool.total_bytes())
+                + self.aside_pool.total_bytes() + self.tree_pool.total_bytes())
 
     def __enter__(self):
         self._context = self.cp.cuda.using_allocator(self._malloc)
@@ -231,14 +251,29 @@ class Workspace:
 
         For arrays that must outlive the blocks they were cut from: the pool
         splits its cached blocks, and a split block goes back to the device
-        only once all its parts are free (CuPy's ``free_all_blocks``). A
-        level that the per-stage path hands to the level loop was cut from
-        the blocks of larger levels before it; moved aside, those blocks go
-        back before the loop's block is made (on an H100, 1.38M triangles:
-        214 bytes per triangle of the footprint at the peak held no live
-        array).
+        only once all its parts are free (CuPy's ``free_all_blocks``). The
+        per-stage path makes each large level's children here
+        (:meth:`begin_level`), and a level it hands to the level loop is
+        copied here in one block, so that the blocks it was cut from go back
+        before the loop's block is made (on an H100, 1.38M triangles: 214
+        bytes per triangle of the footprint at the peak held no live array).
         """
         return self._within("_aside")
+
+    def tree_blocks(self):
+        """A context in which large allocations come from a third pool, the tree
+        output's (:class:`.output.TreeOutput`): it grows by making a larger
+        block and copying, and the block it outgrew, cached in the workspace
+        pool, stayed there beside the next ones, since no array of a level
+        has its size (H100, armadillo subdivided twice: four blocks, 192
+        bytes per triangle of the footprint at the peak).
+        :meth:`release_tree_blocks` gives the outgrown block back."""
+        return self._within("_tree")
+
+    def release_tree_blocks(self) -> None:
+        """Give the tree pool's free blocks back (after the output grew)."""
+        self.sample()
+        self.tree_pool.free_all_blocks()
 
     def outputs(self):
         """A context in which allocations are the caller's (what the build returns)."""
@@ -250,7 +285,8 @@ class Workspace:
         grown = 0
         if self.user_pool is not None:
             grown = max(0, self.user_pool.total_bytes() - self.user_base)
-        return self.pool.total_bytes() + self.aside_pool.total_bytes() + grown
+        return (self.pool.total_bytes() + self.aside_pool.total_bytes()
+                + self.tree_pool.total_bytes() + grown)
 
     def sample(self) -> None:
         """Record the footprint (call where the build holds the most)."""
@@ -261,6 +297,7 @@ class Workspace:
         self.sample()
         self.pool.free_all_blocks()
         self.aside_pool.free_all_blocks()
+        self.tree_pool.free_all_blocks()
 
     def release_unused(self) -> None:
         """Give the unused blocks back now, unless the build keeps them (``keep``):
@@ -269,19 +306,36 @@ class Workspace:
         if not self.keep:
             self.trim()
 
-    def begin_level(self, num_items: int) -> None:
-        """A level of ``num_items`` elements (events) begins.
+    def large(self, nbytes: int) -> bool:
+        """Whether an allocation of ``nbytes`` comes from the workspace pool."""
+        return int(nbytes) >= self.min_block
 
-        Its arrays are the previous level's sizes times its growth: within
-        one size class they reuse the blocks the previous level freed; a
-        level of a larger class cannot, so the cached blocks go back first
-        (else the pool would grow by every level of the build's growing
-        phase, not by the largest one).
+    def begin_level(self, num_items: int, itemsize: int = 8) -> bool:
+        """A level run by stages, of ``num_items`` events, begins: whether it is
+        large (its ``itemsize``-byte arrays per event come from the workspace
+        pool).
+
+        A large level's children (what outlives it) are made in the aside
+        pool (:meth:`aside`), its temporaries in the workspace pool, so that
+        no block holds parts of both: CuPy's pool cuts a new array from any
+        free block large enough, and a block goes back only once all its
+        parts are free. Cut from the blocks its parent's temporaries freed,
+        each level's children held them beyond the level, and the next
+        level's arrays needed new blocks beside them (H100, armadillo
+        subdivided twice: 760 bytes per triangle at the peak). Both pools
+        make blocks in size classes: the next level's arrays of the same
+        classes take the blocks the last one freed (its temporaries; the
+        children of the level before it). A level of a larger class than
+        every one before cannot, so the cached blocks go back first (else
+        the pools would grow by every level of the build's growing phase,
+        not by the largest one).
         """
+        large = self.large(int(num_items) * int(itemsize))
         level_class = size_class(max(int(num_items), 1))
-        if level_class > self._level_class:
-            self.trim()
+        if large and level_class > self._level_class:
+            self.release_unused()
             self._level_class = level_class
+        return large
 
 
 def aligned_offsets(nbytes) -> tuple:

@@ -360,6 +360,10 @@ def test_gpu_clip_runs_in_the_level_loop():
     staged = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(level_loop=False))
     assert staged.build_info["stage_levels"] == list(range(staged.build_info["levels"]))
     assert_same_tree(reference, staged)
+    # every level large (workspace_block=1): children, clipped events included, made aside
+    aside = kd.build(V, F, cfg, device="cuda",
+                     settings=GpuSettings(level_loop=False, workspace_block=1))
+    assert_same_tree(reference, aside)
 
 
 @gpu
