@@ -100,7 +100,7 @@ def markdown(result):
              + (f"; before = `{result['baseline']}`" if result.get("baseline") else "") + ". "
              "Bytes per input triangle. `kd.build(V, F)` on host arrays in a fresh process "
              "(kernels compiled first, pools emptied). Peak: `build_info['peak_device_bytes']` "
-             "(workspace pool + growth of CuPy's pool + mesh). Pool after: CuPy's default pool "
+             "(the workspace's pools + growth of CuPy's pool + mesh). Pool after: CuPy's default pool "
              "`total_bytes()` right after the build (+ the workspace pool's, 0 when given back). "
              "Device after: drop of `cudaMemGetInfo` free bytes over the build. Result: tree "
              "arrays + traversal layout + mesh. Build ms: CUDA events around `kd.build`, median "

@@ -142,7 +142,7 @@ class LevelScratch(SoA):
     # kernel's block sums), as is ref_lr_ex.
     event_scan: object = soa_field(np.uint32)
     # (the events' costs and sides have no rows here: the level loop keeps
-    # them in the next level's slot of the events, KdEventCosts in build_stages.cuh)
+    # them in the next level's slot of the events, KdEventCosts in split_costs.cuh)
     seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
     seg_best: object = soa_field(np.uint64)  # (3N) event index
     best_cost: object = soa_field(np.float64)  # (N)

@@ -95,8 +95,9 @@ def event_segments(xp, event_ref, ref_node, seg_event_offset, num_nodes: int):
     A level's events of one axis are contiguous from ``seg_event_offset[axis
     * n]`` and an event's node is its reference's: the level-loop kernel
     keeps no segment per event and derives it this way (``KdEventSegment`` in
-    ``cuda/build_stages.cuh``); a level leaving the loop for the per-stage
-    path gets its segments from here.
+    ``cuda/split_costs.cuh``), as do the per-stage kernels without perfect
+    splits; with them, a level leaving the loop for the per-stage path gets
+    its segments from here.
     """
     n = int(num_nodes)
     e = xp.arange(int(event_ref.shape[0]), dtype=np.int64)
