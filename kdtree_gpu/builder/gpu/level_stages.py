@@ -42,9 +42,12 @@ def _clip_kernel(name):
     return get_function(_CLIP_SOURCE, name)
 
 
+_NULL = np.uint64(0)  # a null pointer argument
+
+
 def _or_null(a):
     """``a``, or a null pointer for ``None`` (an absent field: events without segments)."""
-    return np.uint64(0) if a is None else a
+    return _NULL if a is None else a
 
 
 @dataclasses.dataclass
@@ -177,7 +180,7 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
     # the best events' costs are their segments' minima (no stored costs: null)
-    select_args = (costs.seg_best, _or_null(None), _or_null(None), events.event_pos,
+    select_args = (costs.seg_best, _NULL, _NULL, events.event_pos,
                    costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
                    np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
                    best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost)

@@ -18,13 +18,15 @@ per build to make anew) and the tree itself go to the caller's allocator
 (CuPy's default pool unless the caller set another), as before; inside
 :func:`pooled` every size goes to the workspace pool (the triangles' boxes,
 the root level, the deferral records and the subtree stage's buffers, which
-go back with the build), and :func:`carved` cuts a phase's
+go back with the build; the children of a large level run by stages come
+from a second pool, :meth:`Workspace.aside`, and the tree output's blocks
+from a third, :func:`tree_blocks`), and :func:`carved` cuts a phase's
 temporaries from a buffer not in use yet (the root's sort, from the level
 loop's buffers). Between phases :meth:`Workspace.release_unused` gives the
 blocks the next phase cannot use back to the device.
 
 The footprint it reports (:attr:`Workspace.high_water`) is what the device
-had to provide: the workspace pool's blocks (in use or cached) plus what
+had to provide: the three pools' blocks (in use or cached) plus what
 the caller's pool grew by since the build began, sampled where the build
 holds the most (after each launch of the level loop, after each level run
 by stages, before memory is given back, at the end).
