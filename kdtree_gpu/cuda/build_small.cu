@@ -156,9 +156,8 @@ struct KdSmallTree {
     __device__ __forceinline__ void set_node(long long i, int axis, float split, int child,
                                              int count) const
     {
-        const bool first = i < node_split;
-        const KdTreeNodes& t = first ? lo : hi;
-        const long long k = first ? i : i - node_split;
+        const KdTreeNodes& t = page(i);
+        const long long k = page_index(i);
         t.node_axis[k] = (signed char)axis;
         t.node_split[k] = split;
         t.node_child[k] = child;
