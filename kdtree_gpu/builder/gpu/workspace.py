@@ -79,18 +79,23 @@ def device_pool(cp, kind: str = ""):
     return pool
 
 
+def _running_context(name: str):
+    """The context the running build's workspace makes with its method ``name``;
+    outside a build, a context that changes nothing."""
+    workspace = getattr(_active, "workspace", None)
+    return getattr(workspace, name)() if workspace is not None else contextlib.nullcontext()
+
+
 def lasting():
     """A context for arrays that outlive the build (caches kept across builds): the
     caller's allocator while a workspace is active, else nothing changes."""
-    workspace = getattr(_active, "workspace", None)
-    return workspace.outputs() if workspace is not None else contextlib.nullcontext()
+    return _running_context("outputs")
 
 
 def tree_blocks():
     """A context for the tree output's large blocks: the running build's tree pool
     (:meth:`Workspace.tree_blocks`); outside a build nothing changes."""
-    workspace = getattr(_active, "workspace", None)
-    return workspace.tree_blocks() if workspace is not None else contextlib.nullcontext()
+    return _running_context("tree_blocks")
 
 
 def release_tree_blocks() -> None:
@@ -112,10 +117,7 @@ def pooled():
     outlives the build must then be copied out of them
     (:meth:`.output.TreeOutput.finish`).
     """
-    workspace = getattr(_active, "workspace", None)
-    if workspace is None:
-        return contextlib.nullcontext()
-    return workspace.every_size()
+    return _running_context("every_size")
 
 
 @contextlib.contextmanager
@@ -177,6 +179,7 @@ class Workspace:
         self.pool = device_pool(cp)
         self.aside_pool = device_pool(cp, "aside")
         self.tree_pool = device_pool(cp, "tree")
+        self.pools = (self.pool, self.aside_pool, self.tree_pool)  # the build's own
         self._aside = 0  # depth of aside() contexts
         self._tree = 0  # depth of tree_blocks() contexts
         self.min_block = int(min_block)
@@ -216,8 +219,11 @@ class Workspace:
             return pool.malloc(size)
 
     def _held(self) -> int:
-        return (self.user_pool.total_bytes() + self.pool.total_bytes()
-                + self.aside_pool.total_bytes() + self.tree_pool.total_bytes())
+        return self.user_pool.total_bytes() + self._own_bytes()
+
+    def _own_bytes(self) -> int:
+        """Device bytes the build's own pools hold (in use or cached)."""
+        return sum(pool.total_bytes() for pool in self.pools)
 
     def __enter__(self):
         self._context = self.cp.cuda.using_allocator(self._malloc)
@@ -287,8 +293,7 @@ class Workspace:
         grown = 0
         if self.user_pool is not None:
             grown = max(0, self.user_pool.total_bytes() - self.user_base)
-        return (self.pool.total_bytes() + self.aside_pool.total_bytes()
-                + self.tree_pool.total_bytes() + grown)
+        return self._own_bytes() + grown
 
     def sample(self) -> None:
         """Record the footprint (call where the build holds the most)."""
@@ -297,9 +302,8 @@ class Workspace:
     def trim(self) -> None:
         """Give the workspace's unused blocks back to the device (synchronizes)."""
         self.sample()
-        self.pool.free_all_blocks()
-        self.aside_pool.free_all_blocks()
-        self.tree_pool.free_all_blocks()
+        for pool in self.pools:
+            pool.free_all_blocks()
 
     def release_unused(self) -> None:
         """Give the unused blocks back now, unless the build keeps them (``keep``):
