@@ -48,10 +48,10 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // event_seg may be null (the per-stage path stores segments only when clipping):
 // each event's segment then comes from its reference's node and its place.
 // Two passes: with seg_best null, each segment's minimum into seg_min_cost,
-// each event's side and the high words of its cost (the low words too where
-// event_cost_lo is not null); with seg_best, the lowest event index at that
-// minimum (rule R8's tie-break) into seg_best, computing again only the costs
-// whose high word is the minimum's (the low words need no memory).
+// each event's side and its cost's key (kd_cost_key; where event_cost_lo is not
+// null, the cost's two halves instead); with seg_best, the lowest event index at
+// that minimum (rule R8's tie-break) into seg_best, computing again only the
+// costs whose key is the minimum's (4 bytes per event, not 8).
 extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
                                           const int* __restrict__ event_ref,

@@ -91,16 +91,12 @@ struct KdLoadOpenClose {
 // A level's per-event costs: each float64 as its two 32-bit halves in two arrays
 // of E words. The level loop keeps them in the next level's slot of event_ref and
 // event_pos, which hold nothing between a level's cost pass and its scatter: the
-// costs take no memory of their own; halves restore the exact bits.
+// costs take no memory of their own; halves restore the exact bits. With lo null
+// (the per-stage path), hi holds each cost's key (kd_cost_key) instead.
 struct KdEventCosts {
     unsigned int* hi;
     unsigned int* lo;
-    __device__ __forceinline__ void store(long long e, double cost) const
-    {
-        unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
-        hi[e] = (unsigned int)(bits >> 32);
-        if (lo) lo[e] = (unsigned int)bits;  // (null: the high words only)
-    }
+    __device__ __forceinline__ void store(long long e, double cost) const;
     __device__ __forceinline__ unsigned long long bits(long long e) const
     {
         return ((unsigned long long)hi[e] << 32) | lo[e];
@@ -110,6 +106,28 @@ struct KdEventCosts {
         return __longlong_as_double((long long)bits(e));
     }
 };
+
+// A cost's 32-bit key: the float32 at or below it, as bits. Rounding down keeps
+// the order (a >= b gives key(a) >= key(b), and costs are >= 0, whose float32
+// bits order as the values do), so a segment's minimum cost shares its key only
+// with costs within a float32 step of it: the arg-min computes those again.
+// (The float64's high word would do as well, with 8 times as many such ties on
+// the flat bottom of a large segment's cost curve.)
+__device__ __forceinline__ unsigned int kd_cost_key(double cost)
+{
+    return __float_as_uint(__double2float_rd(cost));
+}
+
+__device__ __forceinline__ void KdEventCosts::store(long long e, double cost) const
+{
+    if (!lo) {  // the key only
+        hi[e] = kd_cost_key(cost);
+        return;
+    }
+    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    hi[e] = (unsigned int)(bits >> 32);
+    lo[e] = (unsigned int)bits;
+}
 
 // Part 2: the SAH cost of the plane at every run head (rules R5-R7), where a
 // run is a maximal sequence of events at one position in one segment:
@@ -133,13 +151,13 @@ struct KdCostArgs {
     int level_active;
     int longest_only;
     double k_traversal, k_intersect, empty_bonus;
-    KdEventCosts event_cost;   // hi null: not stored
+    KdEventCosts event_cost;   // hi null: not stored; lo null: keys only
     signed char* event_side;   // null: not stored
     unsigned long long* seg_min_cost;
-    // Non-null: the arg-min pass (the per-stage path stores the costs' high words
-    // only, event_cost.lo null): the lowest event index whose cost is its
-    // segment's minimum (as kd_argmin_event) into seg_best, each cost computed
-    // again where its high word equals the minimum's; seg_min_cost is only read.
+    // Non-null: the arg-min pass (the per-stage path stores the costs' keys only,
+    // event_cost.lo null): the lowest event index whose cost is its segment's
+    // minimum (as kd_argmin_event) into seg_best, each cost computed again where
+    // its key equals the minimum's; seg_min_cost is only read.
     unsigned long long* seg_best;
 };
 
@@ -202,23 +220,28 @@ __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long 
 __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long long e)
 {
     bool live = e < a.num_events;
-    int seg = live ? a.event_seg(e) : -1;
     signed char side = KD_SIDE_LEFT;
     if (a.seg_best) {  // the arg-min pass (uniform across the warp)
-        unsigned long long key = KD_NO_INDEX;
+        int seg = live ? a.event_seg(e) : -1;
+        unsigned long long best = KD_NO_INDEX;
         if (live) {
             unsigned long long min_bits = a.seg_min_cost[seg];
-            // the stored high word rules out all but the minimum and its
-            // near-ties: only those compute their cost again
-            if (min_bits != KD_INF_BITS && a.event_cost.hi[e] == (unsigned int)(min_bits >> 32)) {
+            // the stored key rules out all but the minimum and its near-ties:
+            // only those compute their cost again (stored halves give the key too,
+            // so that the tests, which store them, run this same path)
+            unsigned int key = a.event_cost.lo ? kd_cost_key(a.event_cost.load(e))
+                                               : a.event_cost.hi[e];
+            if (min_bits != KD_INF_BITS
+                && key == kd_cost_key(__longlong_as_double((long long)min_bits))) {
                 double c = kd_event_plane_cost(a, e, seg, &side);
                 if ((unsigned long long)__double_as_longlong(c) == min_bits)
-                    key = (unsigned long long)e;
+                    best = (unsigned long long)e;
             }
         }
-        kd_warp_segmented_atomic_min(key, seg, a.seg_best);
+        kd_warp_segmented_atomic_min(best, seg, a.seg_best);
         return;
     }
+    int seg = live ? a.event_seg(e) : -1;
     double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
     if (live) {
         cost = kd_event_plane_cost(a, e, seg, &side);

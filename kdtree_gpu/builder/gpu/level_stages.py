@@ -63,27 +63,30 @@ class SplitCosts:
         Cost bits of each segment's minimum.
     seg_best : (3n,) uint64
         Reset for the arg-min.
-    cost_hi : (E,) uint32
-        The high word of each event's float64 cost.
+    cost_key : (E,) uint32
+        Each event's cost key (``kd_cost_key``: the float32 at or below the
+        float64 cost), or, with ``event_cost``, the costs' high words (the
+        arg-min then takes the keys from the halves).
     event_cost : (2E,) uint32 or None
         Each event's float64 cost as two 32-bit halves (the high words, then
-        the low words; :func:`event_costs` reads them back; ``cost_hi`` is
+        the low words; :func:`event_costs` reads them back; ``cost_key`` is
         its first half), only when asked for (``store_costs``: the tests
-        compare them with the NumPy twin's).
+        compare them with the NumPy twin's; the arg-min then takes the keys
+        from them).
     """
 
     open_close_ex: object
     event_side: object
     seg_min_cost: object
     seg_best: object
-    cost_hi: object
+    cost_key: object
     event_cost: object = None
 
     def halves(self) -> tuple:
         """The costs' stored (high, low) words; the low ones ``None`` unless stored."""
         if self.event_cost is not None:
             return _halves(self.event_cost)
-        return self.cost_hi, None
+        return self.cost_key, None
 
 
 def _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, halves, event_side,
@@ -107,9 +110,9 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     The events' segments are read from ``events.event_seg``, or, where it is
     ``None`` (the per-stage path stores them only with perfect splits),
     derived from each event's place and its reference's node
-    (``KdEventSegment``). Of each cost only its high word is stored (unless
+    (``KdEventSegment``). Of each cost only a 32-bit key is stored (unless
     ``store_costs``): :func:`select_best_splits_gpu` computes again the
-    costs whose high word equals their segment's minimum's (4 bytes per
+    costs whose key equals their segment's minimum's (4 bytes per
     event less at the level's peak; without any stored word every cost
     would be computed twice: on an H100, 23 ms more of a 5.5M-triangle
     build's 200). The flags are scanned in place.
@@ -129,9 +132,9 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                 i64(num_events), i64(3 * n), open_close_ex, seg_min_cost, seg_best))
         inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
-    cost_hi = _halves(event_cost)[0] if store_costs else cp.empty(num_events, dtype=np.uint32)
+    cost_key = _halves(event_cost)[0] if store_costs else cp.empty(num_events, dtype=np.uint32)
     event_side = cp.empty(num_events, dtype=np.int8)
-    costs = SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, cost_hi, event_cost)
+    costs = SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, cost_key, event_cost)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, costs.halves(),
                       event_side, seg_min_cost, None))
@@ -169,7 +172,7 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
     n, num_events = nodes.size, events.size
     # the cost pass left each segment's minimum cost; this pass finds each
     # minimum's lowest event index (lowest position: R8's tie-break),
-    # computing again the costs whose high word is the minimum's
+    # computing again the costs whose key is the minimum's
     launch("select_best_splits: segmented argmin", _kernel("kd_split_costs"), num_events,
            _cost_args(cfg, events, refs, nodes, costs.open_close_ex, level_active, costs.halves(),
                       None, costs.seg_min_cost, costs.seg_best))
