@@ -138,10 +138,22 @@ class LevelBuffers:
                         nd.node_ref_offset[ro:ro + n + 1], nd.seg_event_offset[so:so + 3 * n + 1]))
 
 
+# The first buffers of a loop that starts from a level handed over by the stages
+# with fewer events than its parent, with deferral: that many eighths of the start
+# level. Deep in the tree, deferral empties the loop's levels (armadillo subdivided
+# once, H100: the stages hand over level 29, 7.3M events after 8.9M, and the loop
+# splits no node of it: buffers for 1.5 times it were the build's peak, 306 of its
+# 579 bytes per triangle). A level that outgrows them starts a launch with larger.
+SHRINKING_EIGHTHS = 9
+
+
 def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
-              resident: int = 0):
+              resident: int = 0, parent_events: int = 0):
     """How the level loop runs from a start level of these sizes, in launches of
-    at most ``resident`` blocks (0: any number).
+    at most ``resident`` blocks (0: any number); ``parent_events``: the events
+    of the level before it (run by stages), 0 for the root. A start level with
+    fewer events than its parent gets buffers for
+    ``SHRINKING_EIGHTHS / 8`` of it (with deferral).
 
     Returns
     -------
@@ -169,6 +181,9 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
     cap_e, cap_r, cap_n, cap_tree = settings.loop_capacities(num_events, num_refs, small)
     if not isinstance(cap_tree, tuple):
         cap_tree = (cap_tree, cap_tree)
+    if small and num_events < parent_events:
+        cap_e = min(cap_e, SHRINKING_EIGHTHS * num_events // 8 + 4096)
+        cap_r = min(cap_r, SHRINKING_EIGHTHS * num_refs // 8 + 1024)
     cap_e = max(num_events, min(cap_e, max_events))
     cap_r = max(num_refs, min(cap_r, max_events // 3 + 1))
     cap_n = max(num_nodes, cap_n)
@@ -301,8 +316,10 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     """
     kernel, resident = loop
     workspace = state.workspace
+    # (level_sizes ends with the level before, where the stages ran it)
+    parent_events = state.level_sizes[-1][2] if state.stage_levels else 0
     plan = loop_plan(cfg, settings, state.events.size, state.refs.size, state.nodes.size,
-                     resident)
+                     resident, parent_events)
     if plan is None:
         return state  # for the per-stage path
     if state.stage_levels:

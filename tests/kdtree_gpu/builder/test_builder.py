@@ -4,6 +4,8 @@ NumPy pipeline (CI) and CuPy pipeline (``-m gpu``) must make the same tree as
 ``cpu_reference`` under the same settings (build rules R1-R10).
 """
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -195,6 +197,26 @@ def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed):
 
 
 @gpu
+def test_gpu_the_loop_takes_a_shrinking_level_from_the_stages(mesh_path):
+    # With deferral, the stages hand a level with fewer events than its parent
+    # back to the loop, whose first buffers are then sized for 9/8 of it
+    # (loop_plan's parent_events); a level outgrowing them relaunches the loop.
+    V, F = kd.load_mesh(mesh_path("stanford_bunny"))
+    deferring = GpuSettings(small_min_refs=0)
+    sizes = [e for _, _, e in kd.build(V, F, device="cuda", settings=deferring)
+             .build_info["level_sizes"]]
+    settings = dataclasses.replace(deferring, loop_max_events=max(sizes) // 3)
+    dirty_device_pool()
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    info = tree.build_info
+    last_stage = info["stage_levels"][-1]
+    events = [e for _, _, e in info["level_sizes"]]
+    assert info["loop_launches"] >= 1 and last_stage + 1 < len(events)
+    assert events[last_stage + 1] < events[last_stage]
+
+
+@gpu
 @pytest.mark.parametrize("name", ["suzanne", "spot", "stanford_bunny"])
 def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path):
     V, F = kd.load_mesh(mesh_path(name))
@@ -295,6 +317,26 @@ def test_the_loop_plan_matches_the_first_buffers_of_a_root_level():
     assert level_loop.loop_plan(cfg, settings, 2 * chunk, 1000, 1, resident=2) is None
     max_events, _, caps = level_loop.loop_plan(cfg, settings, chunk, chunk // 3, 1, resident=2)
     assert max_events == 2 * chunk - 1 and max(caps[0], caps[1]) + 1 <= 2 * chunk
+
+
+def test_the_loop_plan_of_a_shrinking_level_from_the_stages():
+    # a start level with fewer events than its parent (deep in the tree, with
+    # deferral) gets buffers for SHRINKING_EIGHTHS / 8 of it, a growing one the
+    # policy's; without deferral the policy's too
+    cfg, settings = SAHConfig(), GpuSettings()
+    events, refs = 6_000_000, 1_000_000
+    policy = level_loop.loop_plan(cfg, settings, events, refs, 1)[2]
+    for parent, want in ((events + 1, level_loop.SHRINKING_EIGHTHS), (events, None)):
+        caps = level_loop.loop_plan(cfg, settings, events, refs, 1, parent_events=parent)[2]
+        if want is None:
+            assert caps == policy
+        else:
+            assert caps[0] == want * events // 8 + 4096 < policy[0]
+            assert caps[1] == want * refs // 8 + 1024 < policy[1]
+            assert caps[2:] == policy[2:]
+    clip = SAHConfig(clip=True)
+    assert level_loop.loop_plan(clip, settings, 6000, 1000, 1, parent_events=10 ** 6)[2] == \
+        level_loop.loop_plan(clip, settings, 6000, 1000, 1)[2]
 
 
 def test_loop_grid_from_the_start_level():
