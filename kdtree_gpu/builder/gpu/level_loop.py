@@ -143,7 +143,8 @@ class LevelBuffers:
 # level. Deep in the tree, deferral empties the loop's levels (armadillo subdivided
 # once, H100: the stages hand over level 29, 7.3M events after 8.9M, and the loop
 # splits no node of it: buffers for 1.5 times it were the build's peak, 306 of its
-# 579 bytes per triangle). A level that outgrows them starts a launch with larger.
+# 579 bytes per triangle; 552 with these). A level that outgrows them starts a
+# launch with larger ones.
 SHRINKING_EIGHTHS = 9
 
 
@@ -284,7 +285,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
 
     When a level's children (or its part of the tree) would not fit, the
     kernel stops before that level writes anything and says what it needs;
-    the loop is launched again from that level with buffers twice that size,
+    the loop is launched again from that level with larger buffers
+    (:func:`restart_capacity`),
     or, when the level's children would have more than
     ``settings.loop_max_events`` events, returns that level to the caller
     (who runs it with one launch per stage).
