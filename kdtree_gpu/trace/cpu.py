@@ -253,7 +253,12 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
 
             # Test the leaf's triangles against each active lane's whole interval
             start = word >> _PACK_SHIFT
-            for j in range(start, start + nodes[np.uint32(2 * node)]):
+            end_j = start + nodes[np.uint32(2 * node)]
+            # their vertices first asked of memory all at once, not one by one
+            # as each test reads them (1M diffuse rays, 2 cores: bunny 1.09x)
+            for j in range(start, end_j):
+                _prefetch(tris, 9 * tri_ids[np.uint32(j)])
+            for j in range(start, end_j):
                 tri = tri_ids[np.uint32(j)]
                 q = np.uint32(9 * tri)
                 akz = _vsub(_splat(tris[q + pk_kz]), o_kz)
