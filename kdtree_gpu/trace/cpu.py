@@ -139,7 +139,7 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
         pk_kx = pk_ky = pk_kz = 0
         lane[:, :] = _F32_ZERO
         while r < end and nl < P:
-            i = r
+            i = r  # (sorted rays come as copies in the traced order: run_layout)
             o0, o1, o2 = origins[i, 0], origins[i, 1], origins[i, 2]
             d0, d1, d2 = directions[i, 0], directions[i, 1], directions[i, 2]
             ox, oy, oz = o0 * scale, o1 * scale, o2 * scale
