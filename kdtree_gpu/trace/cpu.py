@@ -346,8 +346,11 @@ def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, r
             hit_tri, hit_u, hit_v, order)
 
 
-# rays per parallel task of the copies into and out of the traced order
+# rays per parallel task of the copies into and out of the traced order, and how
+# many rays ahead each copy asks for a ray's rows (their loads miss the cache:
+# 1M rays in random order, 2 cores, 35 -> 19 ms for the rays' rows)
 COPY_CHUNK = 65536
+COPY_AHEAD = 32
 
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
@@ -356,7 +359,12 @@ def _gather_rays(order, origins, directions, tmin, tmax, o_out, d_out, t0_out, t
     n = order.shape[0]
     per_ray_t0, per_ray_t1 = tmin.shape[0] > 1, tmax.shape[0] > 1
     for c in numba.prange((n + COPY_CHUNK - 1) // COPY_CHUNK):
-        for r in range(c * COPY_CHUNK, min(n, (c + 1) * COPY_CHUNK)):
+        end = min(n, (c + 1) * COPY_CHUNK)
+        for r in range(c * COPY_CHUNK, end):
+            if r + COPY_AHEAD < end:
+                ahead = order[r + COPY_AHEAD]
+                _prefetch(origins, 3 * ahead)
+                _prefetch(directions, 3 * ahead)
             i = order[r]
             for k in range(3):
                 o_out[r, k] = origins[i, k]
@@ -369,7 +377,7 @@ def _gather_rays(order, origins, directions, tmin, tmax, o_out, d_out, t0_out, t
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _scatter_hits(order, t, tri, u, v, hit_t, hit_tri, hit_u, hit_v):
-    # answer r goes to ray order[r]
+    # answer r goes to ray order[r] (stores: asking ahead gained nothing)
     n = order.shape[0]
     for c in numba.prange((n + COPY_CHUNK - 1) // COPY_CHUNK):
         for r in range(c * COPY_CHUNK, min(n, (c + 1) * COPY_CHUNK)):
