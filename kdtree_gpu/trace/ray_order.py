@@ -134,7 +134,8 @@ def _radix_pass(keys, index, shift, mask, parts, out_keys, out_index):
 
 def _radix_order(keys, bits):
     """The stable order of keys below ``2**bits``: an LSD radix sort in two
-    passes of half the bits each, every core (one: 15 ms for 1M rays' keys)."""
+    passes of half the bits each, on every core (conference's 1M diffuse rays'
+    keys: 11 ms on 2 cores, 15 ms on one)."""
     n = keys.shape[0]
     lo_bits = (bits + 1) // 2
     parts = max(1, min(numba.get_num_threads(), n // KEY_CHUNK))
