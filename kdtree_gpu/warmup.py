@@ -1,8 +1,8 @@
 """Compiling numba code once per process, and saying so when it takes long.
 
 Every numba kernel of the project is ``cache=True``: numba compiles it on
-the first call on a machine (about half a minute for the CPU builder, 20 s
-for the CPU ray queries) and loads it from its on-disk cache
+the first call on a machine (about half a minute for the CPU builder, as
+much for the CPU ray queries) and loads it from its on-disk cache
 (``NUMBA_CACHE_DIR``, else ``__pycache__`` beside the sources) in later
 processes. :func:`compile_once` runs a warm-up once per process and name
 (the CPU builder's, :func:`cpu_reference.warm_up`; the ray queries',

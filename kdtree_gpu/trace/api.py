@@ -225,7 +225,7 @@ def _run(tree, origins, directions, tmin, tmax, device, any_hit, out, check):
     return tuple(like(r, origins) for r in results)
 
 
-RAY_COMPILE_MESSAGE = "kdtree-gpu: compiling CPU ray kernels, once per machine (about 20 s)..."
+RAY_COMPILE_MESSAGE = "kdtree-gpu: compiling CPU ray kernels, once per machine (about 30 s)..."
 
 
 def warm_up_cpu():
@@ -268,7 +268,10 @@ def _trace_small():
     for tmin, tmax in ((0.0, np.inf), (np.zeros(16, np.float32), np.full(16, 9.0, np.float32))):
         t0, t1 = _interval(np, tmin, "tmin", 16), _interval(np, tmax, "tmax", 16)
         for any_hit in (False, True):
-            run_layout(layout, O, D, t0, t1, any_hit, status=np.empty(2, np.int64))
+            # as given (coherent or few rays) and in the order incoherent ones take
+            for sort in (False, True):
+                run_layout(layout, O, D, t0, t1, any_hit, status=np.empty(2, np.int64),
+                           force_order=sort)
     O, D, t0, t1 = check_rays(O, D)
     for any_hit in (False, True):
         brute_cpu(V, F, O, D, t0, t1, any_hit=any_hit)

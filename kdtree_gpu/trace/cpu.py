@@ -396,9 +396,11 @@ def _bound(value):
     return np.ascontiguousarray(np.asarray(value, np.float32).reshape(-1))
 
 
-def run_layout(lay, origins, directions, tmin, tmax, any_hit, status):
+def run_layout(lay, origins, directions, tmin, tmax, any_hit, status, force_order=False):
     """Rays through a :class:`~kdtree_gpu.trace.layout.CpuLayout`: ``t, tri, u, v``
-    (any hit: ``tri`` 1 or -1); arguments as :func:`intersect_cpu`."""
+    (any hit: ``tri`` 1 or -1); arguments as :func:`intersect_cpu`; with
+    ``force_order``, traced in :func:`~kdtree_gpu.trace.ray_order.ray_order`'s
+    order even when few (the warm-up compiles that path so)."""
     num_rays = origins.shape[0]
     hit_t = np.empty(num_rays, np.float32)
     hit_tri = np.empty(num_rays, np.int32)
@@ -409,7 +411,7 @@ def run_layout(lay, origins, directions, tmin, tmax, any_hit, status):
     if not num_rays:
         return hit_t, hit_tri, hit_u, hit_v
     t0, t1 = _bound(tmin), _bound(tmax)
-    order = ray_order(lay.bounds, origins, directions)
+    order = ray_order(lay.bounds, origins, directions, force=force_order)
     if order is None:
         order = np.empty(0, np.int32)  # the rays as given
         out = hit_t, hit_tri, hit_u, hit_v

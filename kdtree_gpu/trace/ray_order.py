@@ -147,7 +147,7 @@ def _radix_order(keys, bits):
     return order
 
 
-def ray_order(box, origins, directions):
+def ray_order(box, origins, directions, force: bool = False):
     """The order to trace rays in: neighbours start close together and point alike.
 
     Parameters
@@ -155,6 +155,9 @@ def ray_order(box, origins, directions):
     box : (2, 3) float32
         The root box (unscaled).
     origins, directions : (num_rays, 3) float32
+
+    force : bool
+        Sort any batch of two rays or more (the warm-up compiles the sort so).
 
     Returns
     -------
@@ -165,12 +168,12 @@ def ray_order(box, origins, directions):
         do).
     """
     n = origins.shape[0]
-    if n < SORT_MIN_RAYS:
+    if n < (2 if force else SORT_MIN_RAYS):
         return None
     # the coherence test reads 256 neighbour pairs: a direction box of those
     # will do for it (a pass over all directions costs a camera's rays 4%)
     if _coherent(origins, directions, _grid(box, _direction_box(directions, COHERENCE_SAMPLES)),
-                 COHERENCE_SAMPLES):
+                 COHERENCE_SAMPLES) and not force:
         return None
     grid = _grid(box, _direction_box(directions, 0))
     keys = np.empty(n, np.uint32)
