@@ -106,8 +106,9 @@ def _ray_keys(origins, directions, grid, keys):
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _radix_pass(keys, index, shift, mask, parts, out_keys, out_index):
     # one stable pass of an LSD radix sort on the digit (key >> shift) & mask,
-    # moving (key, index) pairs (index None: the identity); a part of the items
-    # per task, each part's items of one digit after the earlier parts'
+    # moving (key, index) pairs (index None: the identity; out_keys None: the
+    # last pass, whose keys nobody reads); a part of the items per task, each
+    # part's items of one digit after the earlier parts'
     n = keys.shape[0]
     buckets = mask + 1
     size = (n + parts - 1) // parts
@@ -127,7 +128,8 @@ def _radix_pass(keys, index, shift, mask, parts, out_keys, out_index):
             k = keys[r]
             b = (k >> shift) & mask
             q = place[b]
-            out_keys[q] = k
+            if out_keys is not None:
+                out_keys[q] = k
             out_index[q] = r if index is None else index[r]
             place[b] = q + 1
 
@@ -141,8 +143,8 @@ def _radix_order(keys, bits):
     parts = max(1, min(numba.get_num_threads(), n // KEY_CHUNK))
     k1, i1 = np.empty(n, np.uint32), np.empty(n, np.int32)
     _radix_pass(keys, None, np.uint32(0), np.uint32((1 << lo_bits) - 1), parts, k1, i1)
-    k2, order = np.empty(n, np.uint32), np.empty(n, np.int32)
-    _radix_pass(k1, i1, np.uint32(lo_bits), np.uint32((1 << (bits - lo_bits)) - 1), parts, k2,
+    order = np.empty(n, np.int32)
+    _radix_pass(k1, i1, np.uint32(lo_bits), np.uint32((1 << (bits - lo_bits)) - 1), parts, None,
                 order)
     return order
 
