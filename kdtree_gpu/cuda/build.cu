@@ -90,7 +90,7 @@ extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
         const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
         long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
         signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
-        long long *split_leaf, const unsigned long long *seg_min_cost
+        long long *split_leaf, const unsigned long long *seg_min_cost, long long small_refs
 #define KD_SELECT_ARGS                                                                    \
     {seg_best, {event_cost_hi, event_cost_lo}, event_pos, event_side, node_ref_offset,      \
      num_nodes, leaf_size,                                                                   \
@@ -101,7 +101,10 @@ extern "C" __global__ void kd_select_splits(KD_SELECT_PARAMS)
 {
     KdSelectArgs a = KD_SELECT_ARGS;
     long long i = kd_tid();
-    if (i < a.num_nodes) kd_select_node(a, i);
+    if (i < a.num_nodes) {
+        kd_select_node(a, i);
+        kd_defer_small(a, i, small_refs);
+    }
 }
 
 // Small levels: one block selects every node's split, then scans the packed
@@ -110,7 +113,10 @@ extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_small_select_scan(KD_SELECT_PARAMS, long long* __restrict__ split_leaf_ex)
 {
     KdSelectArgs a = KD_SELECT_ARGS;
-    for (long long i = threadIdx.x; i < a.num_nodes; i += blockDim.x) kd_select_node(a, i);
+    for (long long i = threadIdx.x; i < a.num_nodes; i += blockDim.x) {
+        kd_select_node(a, i);
+        kd_defer_small(a, i, small_refs);
+    }
     __syncthreads();
     kd_block_scan(KdLoadArray{a.split_leaf}, a.num_nodes + 1, split_leaf_ex);
 }
@@ -207,6 +213,24 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
                     level_base, leaf_ref_base, out_axis, out_split, out_child, out_count,
                     child_lo, child_hi};
     kd_emit_node(a, kd_tid());
+}
+
+// The records of a level's deferred nodes (kd_defer_small), after their leaf scan:
+// counters[0] holds the records written before (the next one's row), counters[1]
+// their references; both grow.
+extern "C" __global__ void kd_defer_records(const signed char* __restrict__ best_axis,
+                                            const long long* __restrict__ node_ref_offset,
+                                            const long long* __restrict__ split_leaf_ex,
+                                            const float* __restrict__ node_lo,
+                                            const float* __restrict__ node_hi,
+                                            long long num_nodes, long long level_base, int level,
+                                            long long leaf_ref_base, int* __restrict__ deferred,
+                                            long long* __restrict__ counters)
+{
+    const long long i = kd_tid();
+    if (i < num_nodes && best_axis[i] == KD_SMALL_DEFERRED_AXIS)
+        kd_record_deferred(i, node_ref_offset, split_leaf_ex, node_lo, node_hi, level_base,
+                           level, leaf_ref_base, deferred, &counters[0], &counters[1]);
 }
 
 extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,

@@ -266,16 +266,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         kd_grid_for(n, [&](long long i) {
             if (i >= n) return;
             kd_select_node(select, i);
-            // A small node to split is deferred: a leaf here (its references
-            // go to leaf_tris as any leaf's), its subtree built later by one
-            // warp (build_small.cu) with the same rules.
-            long long n_all = node_ref_offset[i + 1] - node_ref_offset[i];
-            if (s.node_split[i] && n_all <= cfg.small_refs) {
-                s.node_split[i] = false;
-                s.split_leaf[i + 1] = n_all << 32;
-                s.best_axis[i] = KD_SMALL_DEFERRED_AXIS;
+            if (kd_defer_small(select, i, cfg.small_refs))
                 atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_LEVEL], 1ull);
-            }
         });
         kd_grid_for(8 * n + 2, [&](long long i) {
             if (i < 8 * n + 2) s.child_count[i] = 0;
@@ -404,16 +396,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                            out.node_child, out.node_count, child_lo, child_hi};
         kd_grid_for(n, [&](long long i) {
             kd_emit_node(emit, i);
-            if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS) {
-                long long slot = (long long)atomicAdd(
-                    (unsigned long long*)&status[KD_LOOP_DEFER_NEXT], 1ull);
-                const long long count = node_ref_offset[i + 1] - node_ref_offset[i];
-                atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_REFS],
-                          (unsigned long long)count);
-                kd_small_write_record(deferred + slot * KD_SMALL_RECORD, (int)(level_base + i),
-                                      (int)level, leaf_ref_base + KD_HIGH(s.split_leaf_ex[i]),
-                                      (int)count, lo + 3 * i, hi + 3 * i);
-            }
+            if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS)
+                kd_record_deferred(i, node_ref_offset, s.split_leaf_ex, lo, hi, level_base,
+                                   (int)level, leaf_ref_base, deferred,
+                                   &status[KD_LOOP_DEFER_NEXT], &status[KD_LOOP_DEFER_REFS]);
         });
         if (clip) {
             // Perfect splits: the new events listed by child segment (any

@@ -72,6 +72,41 @@ __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long 
     if (i == 0) a.split_leaf[0] = 0;
 }
 
+// A node to split that holds at most small_refs references is deferred: a
+// leaf here (its references go to leaf_tris as any leaf's, its split_leaf
+// value is a leaf's), its subtree built later by one warp (build_small.cu)
+// with the same rules. Called after kd_select_node, by the level loop and by
+// the levels run by stages; returns whether node i was deferred.
+__device__ __forceinline__ bool kd_defer_small(const KdSelectArgs& a, long long i,
+                                               long long small_refs)
+{
+    const long long n_all = a.node_ref_offset[i + 1] - a.node_ref_offset[i];
+    if (!a.node_split[i] || n_all > small_refs) return false;
+    a.node_split[i] = false;
+    a.split_leaf[i + 1] = n_all << 32;
+    a.best_axis[i] = KD_SMALL_DEFERRED_AXIS;
+    return true;
+}
+
+// The record of deferred node i of a level (written as a leaf at level_base + i,
+// its references from leaf_ref_base + the leaf scan's high word on), at the
+// next free row of `deferred` (num_records counts the records, num_refs their
+// references).
+__device__ __forceinline__ void kd_record_deferred(long long i, const long long* node_ref_offset,
+                                                   const long long* split_leaf_ex,
+                                                   const float* node_lo, const float* node_hi,
+                                                   long long level_base, int level,
+                                                   long long leaf_ref_base, int* deferred,
+                                                   long long* num_records, long long* num_refs)
+{
+    const long long slot = (long long)atomicAdd((unsigned long long*)num_records, 1ull);
+    const long long count = node_ref_offset[i + 1] - node_ref_offset[i];
+    atomicAdd((unsigned long long*)num_refs, (unsigned long long)count);
+    kd_small_write_record(deferred + slot * KD_SMALL_RECORD, (int)(level_base + i), level,
+                          leaf_ref_base + KD_HIGH(split_leaf_ex[i]), (int)count,
+                          node_lo + 3 * i, node_hi + 3 * i);
+}
+
 // Stage classify_triangles (R9): the class bits of a reference (0 in a leaf).
 __device__ __forceinline__ unsigned char kd_classify(int tri, int node,
                                                      const signed char* best_axis,

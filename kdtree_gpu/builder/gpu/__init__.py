@@ -53,9 +53,11 @@ class LoopState:
     launches: int = 0  # launches of the level-loop kernel
     loop_blocks: list = dataclasses.field(default_factory=list)  # the grid of each launch
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
-    deferred: object = None  # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop
+    # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop and the stages
+    deferred: object = None
     num_deferred: int = 0
     deferred_refs: int = 0  # the deferred nodes' references, all of them
+    small_refs: int = 0  # the levels run by stages defer nodes of up to this many references
     # runs of the subtree levels that found buffers full: (first such level, SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
@@ -135,8 +137,10 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
                                              out=first and first[1], scratch=first and first[2],
                                              segments=cfg.clip)
+        # (the small-node kernel does not clip: with clip=True no node is deferred)
         state = LoopState(events, refs, nodes, workspace=workspace,
-                          buffers=first and first[0])
+                          buffers=first and first[0],
+                          small_refs=0 if cfg.clip else settings.small_refs_for(num_root))
         del events, refs, nodes, first  # the state holds the root level while it is needed
         # grown as levels are written (the level loop reserves its share up front)
         out = TreeOutput(cp)

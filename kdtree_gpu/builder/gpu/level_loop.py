@@ -194,6 +194,15 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
     return max_events, small, (cap_e, cap_r, cap_n, cap_new, cap_tree)
 
 
+def every_node_small(cp, nodes, small_refs: int) -> bool:
+    """Whether every node of a level holds at most ``small_refs`` references
+    (one read; False when ``small_refs`` is 0)."""
+    if not small_refs or nodes.size == 0:
+        return False
+    offsets = nodes.node_ref_offset
+    return int((offsets[1:] - offsets[:-1]).max()) <= small_refs
+
+
 def restart_capacity(need: int, fresh: int, limit: int = 0) -> int:
     """Rows of a buffer of a loop launched again from a level that needs ``need``.
 
@@ -324,6 +333,12 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                      resident, parent_events)
     if plan is None:
         return state  # for the per-stage path
+    if state.stage_levels and every_node_small(cp, state.nodes, state.small_refs):
+        # The stages defer every node of this level (or make it a leaf), with no
+        # buffers beyond the level's own; the loop would first make its block for
+        # two such levels (1.38M triangles, H100: the build's peak, 296 bytes per
+        # triangle for a level whose nodes it all deferred).
+        return state
     if state.stage_levels:
         # Blocks cached from larger levels run by stages cannot hold the
         # loop's one block: give them back before it is made, then the ones

@@ -28,6 +28,8 @@ from ...launch import launch, stage
 from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_in_place,
                            inclusive_scan_pair, radix_sort)
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
+from .output import grown
+from .workspace import pooled
 
 _SOURCE = "build.cu"
 _CLIP_SOURCE = "clip.cu"
@@ -153,7 +155,8 @@ def event_costs(event_cost):
     return ((hi.astype(np.uint64) << np.uint64(32)) | lo).view(np.float64)
 
 
-def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, small):
+def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, small,
+                           small_refs=0):
     """R8 and R4: each segment's lowest-index minimum, each node's best plane,
     whether it splits, and the scan of the (split, leaf references) pairs.
 
@@ -161,6 +164,11 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
     ----------
     costs : SplitCosts
         From :func:`compute_split_costs_gpu` on the same level.
+    small_refs : int
+        A node to split of at most this many references is deferred
+        (``kd_defer_small``): a leaf here, ``best.node_axis`` is
+        ``encoding.SMALL_DEFERRED_AXIS``, its record is written by
+        :func:`defer_records_gpu`. 0: none is.
 
     Returns
     -------
@@ -186,7 +194,8 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
     select_args = (costs.seg_best, _NULL, _NULL, events.event_pos,
                    costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
                    np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
-                   best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost)
+                   best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost,
+                   i64(small_refs))
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
         launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
@@ -195,6 +204,32 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
         launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
         split_leaf_ex = inclusive_scan(split_leaf, description="decide_leaves: scan")
     return best, node_split, split_leaf_ex
+
+
+def defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_ref_base):
+    """The records of the nodes :func:`select_best_splits_gpu` deferred at this
+    level, after ``state.num_deferred`` records (``state.deferred`` grows to
+    hold them); updates the state's counts.
+
+    ``state.deferred`` lives across levels: made (or grown) inside the
+    workspace's current context, the aside pool's for a large level.
+    """
+    num_new = int(cp.count_nonzero(best.node_axis == enc.SMALL_DEFERRED_AXIS))
+    if not num_new:
+        return
+    need = state.num_deferred + num_new
+    if state.deferred is None or state.deferred.shape[0] < need:
+        rows = max(need + need // 4, 1024)
+        if state.deferred is None:
+            state.deferred = cp.empty((rows, enc.SMALL_RECORD), dtype=np.int32)
+        else:
+            state.deferred = grown(cp, state.deferred, rows, state.num_deferred)
+    counters = cp.array([state.num_deferred, state.deferred_refs], dtype=np.int64)
+    launch("defer_records", _kernel("kd_defer_records"), nodes.size,
+           (best.node_axis, nodes.node_ref_offset, split_leaf_ex, nodes.node_lo, nodes.node_hi,
+            i64(nodes.size), i64(level_base), np.int32(state.level), i64(leaf_ref_base),
+            state.deferred, counters))
+    state.num_deferred, state.deferred_refs = (int(c) for c in counters.get())
 
 
 def reference_boxes_gpu(cp, events, num_refs, num_nodes):
@@ -416,9 +451,14 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
     costs = compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small)
     best, node_split, split_leaf_ex = select_best_splits_gpu(cp, cfg, events, refs, nodes, costs,
-                                                             level_active, small)
+                                                             level_active, small, state.small_refs)
     # Each array is dropped after its last use, so that later stages reuse its memory.
     del costs
+    children = workspace.aside if large else contextlib.nullcontext  # what outlives the level
+    if state.small_refs:
+        # (the records outlive the build's levels: never the caller's pool)
+        with workspace.aside() if large else pooled():
+            defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_ref_base)
     box_lo, box_hi = tri_lo, tri_hi
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
@@ -431,7 +471,6 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
         # The one deliberate device-to-host read per level: sizes of the next level.
         num_split, num_child_refs, num_child_events, num_leaf_refs = (
             int(c) for c in totals.get())
-    children = workspace.aside if large else contextlib.nullcontext
     out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
     with children():
         child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,

@@ -199,8 +199,11 @@ def test_gpu_the_loop_takes_a_shrinking_level_from_the_stages():
     # With deferral, the stages hand a level with fewer events than its parent
     # back to the loop, whose first buffers are then sized for 9/8 of it
     # (loop_plan's parent_events); a level outgrowing them relaunches the loop.
+    # small_refs=8: the level handed over (about 10 references per node in
+    # cpu_reference's tree) has nodes the loop splits; at 64 the stages would
+    # defer every node of it themselves (the next test).
     V, F = soup(np.random.default_rng(7), 3000, scale=0.02)
-    settings = GpuSettings(loop_max_events=4096, small_min_refs=0)
+    settings = GpuSettings(loop_max_events=4096, small_min_refs=0, small_refs=8)
     dirty_device_pool()
     tree = kd.build(V, F, device="cuda", settings=settings)
     assert_same_tree(cpu_reference.build(V, F), tree)
@@ -209,6 +212,41 @@ def test_gpu_the_loop_takes_a_shrinking_level_from_the_stages():
     events = [e for _, _, e in info["level_sizes"]]
     assert info["loop_launches"] >= 1 and last_stage + 1 < len(events)
     assert events[last_stage + 1] < events[last_stage]
+
+
+@gpu
+def test_gpu_a_level_of_small_nodes_stays_with_the_stages():
+    # The stages defer small nodes as the loop does. A level they would hand to
+    # the loop whose nodes all hold at most small_refs references is theirs:
+    # they defer every node of it the loop would split (cpu_reference's tree of
+    # this soup: 64 nodes of up to 66 references at level 6, then 2 of up to
+    # 42 at level 7, about 400 events), and the loop never runs.
+    V, F = soup(np.random.default_rng(7), 3000, scale=0.02)
+    settings = GpuSettings(loop_max_events=4096, small_min_refs=0)
+    dirty_device_pool()
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    info = tree.build_info
+    assert info["loop_launches"] == 0 and info["small_subtrees"] > 0
+    last = info["stage_levels"][-1]
+    assert info["level_sizes"][last][2] <= 4096  # a level the loop could have taken
+
+
+@gpu
+@pytest.mark.parametrize("scene", ["soup", "grid", "stanford_bunny"])
+def test_gpu_stages_defer_small_nodes(scene, mesh_path):
+    # Every level by stages, deferring nodes of up to 64 references to the
+    # subtree stage (kd_defer_small, kd_defer_records): the same tree.
+    rng = np.random.default_rng(11)
+    V, F = {"soup": lambda: soup(rng, 3000, scale=0.02), "grid": lambda: grid_soup(rng, 2000),
+            "stanford_bunny": lambda: kd.load_mesh(mesh_path("stanford_bunny"))}[scene]()
+    settings = GpuSettings(level_loop=False, small_min_refs=0)
+    dirty_device_pool()
+    tree = kd.build(V, F, device="cuda", settings=settings)
+    assert_same_tree(cpu_reference.build(V, F), tree)
+    info = tree.build_info
+    assert info["loop_launches"] == 0 and info["small_subtrees"] > 0
+    assert info["stage_levels"] == list(range(len(info["stage_levels"])))
 
 
 @gpu
