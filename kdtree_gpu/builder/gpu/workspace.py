@@ -23,7 +23,8 @@ from a second pool, :meth:`Workspace.aside`, and the tree output's blocks
 from a third, :func:`tree_blocks`), and :func:`carved` cuts a phase's
 temporaries from a buffer not in use yet (the root's sort, from the level
 loop's buffers). Between phases :meth:`Workspace.release_unused` gives the
-blocks the next phase cannot use back to the device.
+blocks the next phase cannot use back to the device, and so does every
+growth of the tree output (:meth:`Workspace.before_growth`).
 
 The footprint it reports (:attr:`Workspace.high_water`) is what the device
 had to provide: the three pools' blocks (in use or cached) plus what
@@ -104,6 +105,14 @@ def release_tree_blocks() -> None:
     workspace = getattr(_active, "workspace", None)
     if workspace is not None:
         workspace.release_tree_blocks()
+
+
+def before_growth() -> None:
+    """The running build is about to make a block that outlives its level (the
+    tree output's growth): :meth:`Workspace.before_growth`."""
+    workspace = getattr(_active, "workspace", None)
+    if workspace is not None:
+        workspace.before_growth()
 
 
 def pooled():
@@ -282,6 +291,24 @@ class Workspace:
         """Give the tree pool's free blocks back (after the output grew)."""
         self.sample()
         self.tree_pool.free_all_blocks()
+
+    def before_growth(self) -> None:
+        """A block that outlives the level is about to be made (the tree output
+        grows: a new block, the old one copied into it): give the unused
+        blocks back first, unless the build keeps them (``keep``).
+
+        In a large build the tree grows about once per level, and the pools
+        hold blocks of the levels before, mostly unused. Measured on an H100
+        (fresh processes; armadillo subdivided twice and three times): the
+        peak was 413 bytes per triangle without these trims, 283 with them;
+        the warm build 4-11% slower in alternating runs (the next level
+        makes its blocks again). A trim only where the growth is at least a
+        sixteenth of the footprint left the peak at 413: it is the trims
+        along the way that keep the pools small, not the one beside the
+        largest growth.
+        """
+        if not self.keep:
+            self.trim()
 
     def outputs(self):
         """A context in which allocations are the caller's (what the build returns)."""
