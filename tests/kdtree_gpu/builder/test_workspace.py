@@ -89,8 +89,9 @@ def _result_bytes(tree):
     GpuSettings(level_loop=False, workspace_block=1),  # every level by stages
     GpuSettings(small_min_refs=0),  # small nodes deferred: the output in the workspace pool
     GpuSettings(small_min_refs=0, loop_capacity=tight_loop_capacity),  # and relaunched
-    # the first levels by stages, then the loop from a level moved aside
-    GpuSettings(loop_max_events=4096, workspace_block=1, small_min_refs=0),
+    # the first levels by stages, then the loop from a level moved aside (at
+    # small_refs=64 the stages would defer every node of that level themselves)
+    GpuSettings(loop_max_events=4096, workspace_block=1, small_min_refs=0, small_refs=8),
 ], ids=["default", "all-workspace", "relaunched", "stages", "deferred", "deferred-relaunched",
         "stages-then-loop"])
 def test_a_build_leaves_its_result_and_gives_the_workspace_back(settings):
