@@ -4,14 +4,11 @@
 // the scans, mesh preparation and root events.
 #include "build_stages.cuh"
 
-// Stage compute_split_costs, part 1: per event, the run-head flag (first event
-// of a run of equal positions in a segment) and the packed (opens, closes)
+// Stage compute_split_costs, part 1: per event, the packed (opens, closes)
 // counts: opens = START or PLANAR, closes = END or PLANAR.
 // Also resets the per-segment minimum cost and arg-min of this level
 // (launched over max(E, num_segments) threads).
-extern "C" __global__ void kd_event_flags(const float* __restrict__ event_pos,
-                                          const signed char* __restrict__ event_kind,
-                                          const int* __restrict__ event_seg,
+extern "C" __global__ void kd_event_flags(const signed char* __restrict__ event_kind,
                                           long long num_events,
                                           long long num_segments,
                                           long long* __restrict__ open_close,  // (E + 1)
@@ -215,22 +212,24 @@ extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
     kd_emit_node(a, kd_tid());
 }
 
-// The records of a level's deferred nodes (kd_defer_small), after their leaf scan:
-// counters[0] holds the records written before (the next one's row), counters[1]
-// their references; both grow.
+// The records of a level's deferred nodes (kd_defer_small), after their leaf scan,
+// from row records_before of `deferred` on; counters (zeroed) receive this level's
+// records and their references.
 extern "C" __global__ void kd_defer_records(const signed char* __restrict__ best_axis,
                                             const long long* __restrict__ node_ref_offset,
                                             const long long* __restrict__ split_leaf_ex,
                                             const float* __restrict__ node_lo,
                                             const float* __restrict__ node_hi,
                                             long long num_nodes, long long level_base, int level,
-                                            long long leaf_ref_base, int* __restrict__ deferred,
+                                            long long leaf_ref_base, long long records_before,
+                                            int* __restrict__ deferred,
                                             long long* __restrict__ counters)
 {
     const long long i = kd_tid();
     if (i < num_nodes && best_axis[i] == KD_SMALL_DEFERRED_AXIS)
         kd_record_deferred(i, node_ref_offset, split_leaf_ex, node_lo, node_hi, level_base,
-                           level, leaf_ref_base, deferred, &counters[0], &counters[1]);
+                           level, leaf_ref_base, deferred + records_before * KD_SMALL_RECORD,
+                           &counters[0], &counters[1]);
 }
 
 extern "C" __global__ void kd_scatter(const int* __restrict__ ref_tri,

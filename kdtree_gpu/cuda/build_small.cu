@@ -86,7 +86,7 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     const float* nhi, const KdLoopSettings& cfg)
 {
     const unsigned full = 0xffffffffu;
-    KdSmallSplit best = {__longlong_as_double(0x7ff0000000000000ll), 3, 0.0f, KD_SIDE_LEFT};
+    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
     double ext[3];
     for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
     const double area = kd_half_area(ext[0], ext[1], ext[2]);

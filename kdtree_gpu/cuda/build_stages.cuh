@@ -44,7 +44,7 @@ struct KdSelectArgs {
 
 __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long i)
 {
-    double cost = __longlong_as_double(0x7ff0000000000000ll);
+    double cost = __longlong_as_double((long long)KD_INF_BITS);
     int axis = 0;
     long long ev = -1;
     for (int k = 0; k < 3; ++k) {

@@ -166,7 +166,7 @@ struct KdCostArgs {
 __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long long e, int seg,
                                                       signed char* side_out)
 {
-    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     signed char side = KD_SIDE_LEFT;
     int node = (int)(seg % a.num_nodes);
     int axis = (int)(seg / a.num_nodes);
@@ -242,7 +242,7 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
         return;
     }
     int seg = live ? a.event_seg(e) : -1;
-    double cost = __longlong_as_double(0x7ff0000000000000ll);  // +inf: not a candidate
+    double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     if (live) {
         cost = kd_event_plane_cost(a, e, seg, &side);
         if (a.event_cost.hi) a.event_cost.store(e, cost);

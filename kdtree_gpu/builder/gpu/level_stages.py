@@ -130,8 +130,8 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     else:
         launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
                max(num_events, 3 * n),
-               (events.event_pos, events.event_kind, _or_null(events.event_seg),
-                i64(num_events), i64(3 * n), open_close_ex, seg_min_cost, seg_best))
+               (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
+                seg_best))
         inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     cost_key = _halves(event_cost)[0] if store_costs else cp.empty(num_events, dtype=np.uint32)
@@ -209,27 +209,30 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
 def defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_ref_base):
     """The records of the nodes :func:`select_best_splits_gpu` deferred at this
     level, after ``state.num_deferred`` records (``state.deferred`` grows to
-    hold them); updates the state's counts.
+    hold one per node of the level: no count is read first).
 
     ``state.deferred`` lives across levels: made (or grown) inside the
     workspace's current context, the aside pool's for a large level.
+
+    Returns
+    -------
+    (2,) int64 (device)
+        This level's records and their references, read with the level's
+        sizes (no read of its own: each read waits for the device).
     """
-    num_new = int(cp.count_nonzero(best.node_axis == enc.SMALL_DEFERRED_AXIS))
-    if not num_new:
-        return
-    need = state.num_deferred + num_new
+    need = state.num_deferred + nodes.size
     if state.deferred is None or state.deferred.shape[0] < need:
         rows = max(need + need // 4, 1024)
         if state.deferred is None:
             state.deferred = cp.empty((rows, enc.SMALL_RECORD), dtype=np.int32)
         else:
             state.deferred = grown(cp, state.deferred, rows, state.num_deferred)
-    counters = cp.array([state.num_deferred, state.deferred_refs], dtype=np.int64)
+    counts = cp.zeros(2, dtype=np.int64)
     launch("defer_records", _kernel("kd_defer_records"), nodes.size,
            (best.node_axis, nodes.node_ref_offset, split_leaf_ex, nodes.node_lo, nodes.node_hi,
             i64(nodes.size), i64(level_base), np.int32(state.level), i64(leaf_ref_base),
-            state.deferred, counters))
-    state.num_deferred, state.deferred_refs = (int(c) for c in counters.get())
+            i64(state.num_deferred), state.deferred, counts))
+    return counts
 
 
 def reference_boxes_gpu(cp, events, num_refs, num_nodes):
@@ -455,10 +458,12 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     # Each array is dropped after its last use, so that later stages reuse its memory.
     del costs
     children = workspace.aside if large else contextlib.nullcontext  # what outlives the level
+    deferred = None
     if state.small_refs:
         # (the records outlive the build's levels: never the caller's pool)
         with workspace.aside() if large else pooled():
-            defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_ref_base)
+            deferred = defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base,
+                                         leaf_ref_base)
     box_lo, box_hi = tri_lo, tri_hi
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
@@ -469,9 +474,20 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     del ref_lr, event_lr
     with stage(xp=cp, description="read_level_counts"):
         # The one deliberate device-to-host read per level: sizes of the next level.
-        num_split, num_child_refs, num_child_events, num_leaf_refs = (
-            int(c) for c in totals.get())
-    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
+        if deferred is not None:
+            totals = cp.concatenate((totals, deferred))
+        counts = [int(c) for c in totals.get()]
+    num_split, num_child_refs, num_child_events, num_leaf_refs = counts[:4]
+    if deferred is not None:
+        state.num_deferred += counts[4]
+        state.deferred_refs += counts[5]
+    # First room for about two nodes and one leaf entry per triangle (the trees of
+    # the subdivided armadillos have 3.0-3.1 and 1.4-1.5), then doubling: growing
+    # from nothing, the tree grew at nearly every level, each time copied and
+    # giving the pools' unused blocks back (Workspace.before_growth).
+    num_tris = tri_lo.shape[0]
+    out.reserve(max(level_base + n, 2 * num_tris), max(leaf_ref_base + num_leaf_refs, num_tris),
+                level_base, leaf_ref_base)
     with children():
         child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
                                      leaf_ref_base, num_split, out)
