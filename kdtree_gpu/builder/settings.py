@@ -113,11 +113,11 @@ class GpuSettings:
         :func:`default_loop_capacity` for ``small_refs``
         (:meth:`loop_capacities`).
     small_refs : int
-        A node the level-loop kernel would split that holds at most this
-        many references (0 .. ``encoding.SMALL_MAX_REFS``) is deferred, and
-        its subtree is built afterwards, one warp per node and one launch per
-        level (:mod:`kdtree_gpu.builder.gpu.small`); 0 builds every level in
-        the loop. The default, ``SMALL_MAX_REFS`` (64), was measured fastest
+        A node the level-loop kernel or a level run by stages would split that
+        holds at most this many references (0 .. ``encoding.SMALL_MAX_REFS``)
+        is deferred, and its subtree is built afterwards, one warp per node
+        and one launch per level (:mod:`kdtree_gpu.builder.gpu.small`); 0
+        builds every level in the loop or by stages. The default, ``SMALL_MAX_REFS`` (64), was measured fastest
         on an H100 (bunny, happy Buddha, dragon, armadillo: 0.76-0.93x the
         build time with 0; conference 0.88-1.04x over four runs;
         benchmarks/results/small_nodes_h100.md),

@@ -5,7 +5,9 @@ level loop a dozen grid barriers and passes over all its events however
 little it holds. The loop therefore defers each node it would split that
 holds at most ``settings.small_refs`` references
 (:func:`.level_loop.build_levels_grid`): it writes the node as a leaf of its
-references and a record of it. This stage builds those nodes' subtrees by the
+references and a record of it. The levels run by stages do the same
+(:func:`.level_stages.defer_records_gpu`), and keep a level whose nodes are
+all that small rather than hand it to the loop. This stage builds those nodes' subtrees by the
 same rules (the kernel's header says why its brute-force counts equal the
 level stages' event scans), level by level with one warp per node and no
 events, appending node pairs and leaves to the tree; then it packs the leaf
@@ -28,7 +30,7 @@ WARPS_PER_SM = 32
 
 
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
-    """Build the subtrees of the nodes the level loop deferred.
+    """Build the subtrees of the nodes the level loop and the stages deferred.
 
     One launch per level that can exist (``max_depth`` levels below the
     shallowest possible root), queued without reading anything back: each
