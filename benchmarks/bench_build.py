@@ -2,13 +2,19 @@
 """Build-time benchmark: the GPU level-by-level builder beside the CPU reference.
 
 For each mesh: warm GPU build time (CUDA events around ``kd.build``, median of
-repeats after a warm-up), cold build time (first call in a fresh process with
-an empty kernel cache, so compilation is included), a per-stage breakdown
+repeats after a warm-up), the same from CuPy arrays (the mesh already on the
+device, as the peers build), cold build time (first call in a fresh process
+with an empty kernel cache, so compilation is included), a per-stage breakdown
 (one profiled build), peak device memory, nodes, leaves, references per
 triangle, SAH cost, whether the GPU tree equals the CPU reference's, and the
-CPU reference's build time on this machine's CPU. Beside them: the GTX 1070
-times of the GAPT part 11 post (its Table 2) and tomilov/sah_kd_tree on an
-H200 (``shared/peers/README.md``).
+CPU reference's build time on this machine's CPU. Beside them: NVIDIA Warp's
+BVH build (``wp.Mesh``, its GPU LBVH) on the same mesh in the same run, when
+``peer_bench.py`` (``--peers-dir``) and Warp can run; OptiX's builds on an
+H200 (``h200_optix.md`` in the peers' results: PREFER_FAST_TRACE plus
+compaction, the best-quality BVH, and PREFER_FAST_BUILD), with our build from
+CuPy arrays over them (a ratio that means something only when this table
+is from an H200 too); the GTX 1070 times of the GAPT part 11 post (its
+Table 2) and tomilov/sah_kd_tree on an H200 (``shared/peers/README.md``).
 
 Usage::
 
@@ -37,7 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import git_commit, gpu_time_ms, utc_now  # noqa: E402
+from _common import git_commit, gpu_time_ms, optix_table, utc_now  # noqa: E402
 
 import cpu_reference  # noqa: E402
 import kdtree_gpu as kd  # noqa: E402
@@ -148,16 +154,49 @@ def stage_bandwidth(profile, level_sizes, stage_levels):
     return out
 
 
-def bench_mesh(spec, args, copy_gbs):
+def warp_peer(peers_dir):
+    """``peer_bench``'s NVIDIA Warp peer (GPU LBVH), or (None, why not)."""
+    sys.path.insert(0, str(peers_dir))
+    try:
+        import peer_bench
+    except ImportError as exc:
+        return None, f"peer_bench not importable from {peers_dir}: {exc}"
+    peer = peer_bench.WarpPeer("lbvh", "cuda:0", None)
+    ok, why = peer.available()
+    return (peer, "") if ok else (None, why)
+
+
+def warp_build_ms(peer, V, F, repeats, warmup=2):
+    """Warp's BVH build on the mesh (already on the device, as peer_bench times
+    it): synchronized wall clock, median of ``repeats`` after ``warmup``."""
+    peer.upload_mesh(V, F)
+    times = []
+    for k in range(warmup + repeats):
+        peer.sync()
+        t0 = time.perf_counter()
+        mesh = peer.build(V, F)
+        peer.sync()
+        if k >= warmup:
+            times.append(1000 * (time.perf_counter() - t0))
+        del mesh
+    return statistics.median(times)
+
+
+def bench_mesh(spec, args, copy_gbs, warp=None):
     import cupy
 
     V, F = load(spec, args.mesh_dir)
     row = {"mesh": spec, "triangles": int(F.shape[0])}
     big = F.shape[0] > 1_000_000
-    ms, times = gpu_time_ms(lambda: kd.build(V, F, device="cuda"),
-                            args.repeats if not big else max(3, args.repeats // 2), 1)
+    repeats = args.repeats if not big else max(3, args.repeats // 2)
+    ms, times = gpu_time_ms(lambda: kd.build(V, F, device="cuda"), repeats, 1)
     row["gpu_warm_ms"] = ms
     row["gpu_warm_all_ms"] = times
+    V_d, F_d = cupy.asarray(V), cupy.asarray(F)
+    row["gpu_warm_device_ms"], _ = gpu_time_ms(lambda: kd.build(V_d, F_d, device="cuda"),
+                                               repeats, 1)
+    if warp is not None:
+        row["warp_build_ms"] = warp_build_ms(warp, V, F, repeats)
     tree = kd.build(V, F, device="cuda", profile=True)
     row["gpu_profiled_ms"] = 1000 * tree.build_info["seconds"]
     row["levels"] = tree.build_info["levels"]
@@ -206,7 +245,12 @@ def fmt(x, nd=1):
     return f"{x:,}"
 
 
+def _ratio(a, b):
+    return f"{a / b:.1f}x" if a and b else "-"
+
+
 def markdown(header, rows):
+    optix = header.get("optix", {})
     lines = [f"# Build benchmark on {header['gpu']}", "",
              f"commit `{header['commit']}`, {header['date']}, CPU: {header['cpu']} "
              f"({header['cpu_count']} cores; the CPU reference uses one), "
@@ -218,7 +262,25 @@ def markdown(header, rows):
              "thread), median of repeats, compilation excluded. Loop launches: launches of "
              "the level-loop kernel; stage levels: levels of more than "
              "`LOOP_MAX_EVENTS` events, run one launch per stage.", "",
-             "| mesh | triangles | GPU warm ms | warm range ms | GPU cold ms | CPU reference ms "
+             "Beside the peers: ours from CuPy arrays (CUDA events around `kd.build`, the "
+             "mesh on the device); Warp: `wp.Mesh` (GPU LBVH) in this run, synchronized wall "
+             "clock, median of repeats"
+             + (f" ({header['warp']})" if header.get("warp") else "") + "; OptiX: "
+             "`h200_optix.md`, measured on an H200 (best quality = PREFER_FAST_TRACE build "
+             "+ compaction; fast build = PREFER_FAST_BUILD).", "",
+             "| mesh | triangles | ours ms (CuPy arrays) | Warp LBVH ms | ours / Warp "
+             "| OptiX best-quality ms | ours / OptiX best | OptiX fast-build ms "
+             "| ours / OptiX fast |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        ours, warp_ms = r.get("gpu_warm_device_ms"), r.get("warp_build_ms")
+        o = optix.get(r["mesh"])
+        best = o["build_ms"] + o["compact_ms"] if o else None
+        fast = o["fast_build_ms"] if o else None
+        lines.append("| " + " | ".join([
+            r["mesh"], fmt(r["triangles"]), fmt(ours, 2), fmt(warp_ms, 2), _ratio(ours, warp_ms),
+            fmt(best, 2), _ratio(ours, best), fmt(fast, 2), _ratio(ours, fast)]) + " |")
+    lines += ["", "| mesh | triangles | GPU warm ms | warm range ms | GPU cold ms | CPU reference ms "
              "| speed-up | levels | loop launches | stage levels | nodes | leaves | refs/tri "
              "| SAH cost | same tree | peak MiB | GTX 1070 (GAPT) ms | sah_kd_tree H200 ms |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:"
@@ -264,6 +326,8 @@ def main(argv=None):
     ap.add_argument("--cpu-repeats", type=int, default=3)
     ap.add_argument("--no-cold", action="store_true")
     ap.add_argument("--no-cpu", action="store_true")
+    ap.add_argument("--peers-dir", default=str(ROOT / ".peers"),
+                    help="folder holding peer_bench.py and results/h200_optix.md")
     args = ap.parse_args(argv)
     import cupy
 
@@ -271,7 +335,10 @@ def main(argv=None):
     gpu = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
     header = {"gpu": gpu, "commit": git_commit(), "date": utc_now(),
               "cpu": platform.processor() or platform.machine(), "cpu_count": os.cpu_count(),
-              "cupy": cupy.__version__, "copy_gbs": copy_bandwidth_gbs()}
+              "cupy": cupy.__version__, "copy_gbs": copy_bandwidth_gbs(),
+              "optix": optix_table(args.peers_dir)}
+    warp, why = warp_peer(args.peers_dir)
+    header["warp"] = f"Warp {warp.info()['version']}" if warp is not None else f"no Warp: {why}"
     # Warm the kernels and numba once so no row pays compilation.
     V, F = load("cornell_box", args.mesh_dir)
     kd.build(V, F, device="cuda")
@@ -279,7 +346,7 @@ def main(argv=None):
     rows = []
     for spec in args.meshes:
         try:
-            row = bench_mesh(spec, args, header["copy_gbs"])
+            row = bench_mesh(spec, args, header["copy_gbs"], warp)
         except Exception as exc:  # keep the other meshes
             row = {"mesh": spec, "error": f"{type(exc).__name__}: {exc}"}
             print(json.dumps(row), flush=True)
