@@ -7,11 +7,12 @@ holds at most ``settings.small_refs`` references
 (:func:`.level_loop.build_levels_grid`): it writes the node as a leaf of its
 references and a record of it. The levels run by stages do the same
 (:func:`.level_stages.defer_records_gpu`), and keep a level whose nodes are
-all that small rather than hand it to the loop. This stage builds those nodes' subtrees by the
-same rules (the kernel's header says why its brute-force counts equal the
-level stages' event scans), level by level with one warp per node and no
-events, appending node pairs and leaves to the tree; then it packs the leaf
-lists so that the deferred nodes' old leaf ranges leave no gaps.
+all that small rather than hand it to the loop. This stage builds those
+nodes' subtrees by the same rules (the kernel's header says why its
+brute-force counts equal the level stages' event scans), level by level with
+one warp per node and no events, appending node pairs and leaves to the
+tree; then it packs the leaf lists so that the deferred nodes' old leaf
+ranges leave no gaps.
 """
 
 from __future__ import annotations
