@@ -372,6 +372,19 @@ def test_the_loop_plan_of_a_shrinking_level_from_the_stages():
         level_loop.loop_plan(clip, settings, 6000, 1000, 1)[2]
 
 
+def test_every_node_small_reads_the_largest_node():
+    # (NumPy arrays stand in for the level's device arrays: the function only
+    # subtracts, takes the maximum and reads it)
+    from types import SimpleNamespace
+
+    nodes = SimpleNamespace(size=3, node_ref_offset=np.array([0, 10, 74, 80], np.int64))
+    assert level_loop.every_node_small(np, nodes, 64)  # the largest node holds 64
+    assert not level_loop.every_node_small(np, nodes, 63)
+    assert not level_loop.every_node_small(np, nodes, 0)  # no deferral: never
+    empty = SimpleNamespace(size=0, node_ref_offset=np.zeros(1, np.int64))
+    assert not level_loop.every_node_small(np, empty, 64)
+
+
 def test_loop_grid_from_the_start_level():
     per_block = kd.encoding.LOOP_BLOCK * level_loop.LOOP_EVENTS_PER_THREAD
     auto = GpuSettings()
