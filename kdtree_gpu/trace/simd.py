@@ -34,9 +34,18 @@ class _Vec8Model(models.PrimitiveModel):
 
 
 def _mask(builder, bits):
-    # the low 8 bits of an int64 as <8 x i1>
-    return builder.bitcast(builder.trunc(bits, ir.IntType(LANES)),
-                           ir.VectorType(ir.IntType(1), LANES))
+    # the low 8 bits of an int64 as <8 x i1>: the int in every lane, ANDed with
+    # lane l's bit, compared with 0 (a vpbroadcastd, vpand and vpcmpeqd; a
+    # bitcast of i8 to <8 x i1> compiled to a byte insert per lane: 1M rays,
+    # 2 cores, 1.01-1.03x on the bunny and conference, camera and diffuse)
+    vi = ir.VectorType(_I32, LANES)
+    b32 = builder.trunc(bits, _I32)
+    splat = builder.insert_element(ir.Constant(vi, ir.Undefined), b32, ir.Constant(_I32, 0))
+    splat = builder.shuffle_vector(splat, ir.Constant(vi, ir.Undefined),
+                                   ir.Constant(vi, [0] * LANES))
+    lane_bits = ir.Constant(vi, [1 << k for k in range(LANES)])
+    return builder.icmp_unsigned("!=", builder.and_(splat, lane_bits),
+                                 ir.Constant(vi, [0] * LANES))
 
 
 def _arith(op):
