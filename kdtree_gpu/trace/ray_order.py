@@ -173,7 +173,9 @@ def ray_order(box, origins, directions, force: bool = False):
     if n < (2 if force else SORT_MIN_RAYS):
         return None
     # the coherence test reads 256 neighbour pairs: a direction box of those
-    # will do for it (a pass over all directions costs a camera's rays 4%)
+    # will do for it (a pass over all directions costs a camera's rays 4%).
+    # It runs when forced too: the warm-up's forced call is the only one of its
+    # few rays that reaches it, and so compiles it for the first large batch.
     if _coherent(origins, directions, _grid(box, _direction_box(directions, COHERENCE_SAMPLES)),
                  COHERENCE_SAMPLES) and not force:
         return None
