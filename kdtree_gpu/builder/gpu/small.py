@@ -22,12 +22,20 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ..soa import LoopSettings
+from ..soa import LoopSettings, TreeNodeSoA
 from .workspace import arrays_in_one_block, lasting, pooled
 
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
 WARPS_PER_SM = 32
+# Tree nodes the default first room may gain per deferred reference where the
+# build's peak so far leaves them free (room_under_peak), and the share of
+# that peak kept free as a margin for the estimate
+MORE_NODES_PER_REF = 2.5
+PEAK_MARGIN = 1 / 16
+# bytes of a tree node (every TreeNodeSoA field) and of a leaf entry
+_NODE_BYTES = sum(dtype.itemsize for _, dtype in TreeNodeSoA.shapes(1).values())
+_LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
 
 
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
@@ -41,7 +49,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     (those before it are done, and its input is only read) once the tree
     has a second page (:meth:`.output.TreeOutput.add_page`: nothing is
     copied) or the level's output buffer is larger. The first room is
-    ``settings.small_capacities`` of the deferred references.
+    ``settings.small_capacities`` of the deferred references, with the tree
+    nodes the build's peak leaves free added (:func:`room_under_peak`)
+    unless the settings give the room.
 
     Parameters
     ----------
@@ -76,13 +86,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     sizes[enc.SMALL_FULL_LEVEL] = levels
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)  # (a view: rows of `sizes`)
     rows[0, enc.SMALL_LEVEL_RECORDS], rows[0, enc.SMALL_LEVEL_REFS] = num, state.deferred_refs
-    cap_tree, cap_leaves, cap_recs, cap_refs = settings.small_capacities(state.deferred_refs)
+    caps = settings.small_capacities(state.deferred_refs)
     # The level loop's block goes back first: the tree's growth and this stage's
     # buffers (each one device allocation) would otherwise sit beside it, and
     # the growth would keep it until the tree is copied out (measured on an
     # H100: the end of the build was then the peak of the bunny, happy Buddha
     # and conference; the loop ended with a read, so nothing waits).
     state.workspace.release_unused()
+    if settings.small_capacity is None:  # (a room the settings give is taken as it is)
+        caps = (caps[0] + room_under_peak(state.workspace, out, state, caps),) + caps[1:]
+    cap_tree, cap_leaves, cap_recs, cap_refs = caps
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_leaves,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
@@ -163,6 +176,44 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(sizes[enc.SMALL_DEPTH])
+
+
+def room_under_peak(workspace, out, state, caps) -> int:
+    """Tree nodes to add to the subtree stage's first room ``caps`` where the
+    build's peak so far leaves them free (at most ``MORE_NODES_PER_REF`` per
+    deferred reference; 0 where it leaves none).
+
+    A stage whose room runs out runs its levels again from the first that
+    found it full (:func:`build_small_subtrees`): on the bunny, whose
+    subtrees have 5.2 nodes per deferred reference against at most 3.9 on
+    the other meshes measured, that second run was about a tenth of the
+    build (H100). More room for every mesh raised conference's peak from 377
+    to 442 bytes per triangle, since the stage is its peak; on the bunny, a
+    room of 6.5 nodes per reference left the peak where it was (the level
+    loop's block). So the stage takes what the peak leaves: the build has
+    already held ``workspace.high_water``, less a margin of ``PEAK_MARGIN``
+    of it for the estimate below.
+
+    The estimate (call after the level loop's block went back, when the
+    footprint is what lives): the stage holds, beside the rest, the tree's
+    new block and then the largest of the block it replaces (while it is
+    copied), the stage's buffers with the packed leaf list (:func:`pack_leaves`
+    cuts its offsets from the buffers' block), and the copies the finished
+    tree makes (:meth:`.output.TreeOutput.finish`), the last two taken at a
+    first room's worth of leaf entries and nodes. Each added node costs the
+    new block ``_NODE_BYTES``. (On happy Buddha, 100k triangles, an estimate
+    without the packed leaf list let the peak rise by 22 bytes per triangle
+    at 2.5 more nodes per reference.)
+    """
+    cap_tree, cap_leaves, cap_recs, cap_refs = (int(c) for c in caps)
+    leaves = _LEAF_BYTES * (state.leaf_ref_base + cap_leaves)
+    first_room = _NODE_BYTES * (state.level_base + cap_tree) + leaves
+    buffers = 2 * 4 * (cap_recs * enc.SMALL_RECORD + cap_refs)  # two of each, int32
+    beside = workspace.footprint() - out.block_bytes
+    need = beside + first_room + max(out.block_bytes, buffers + leaves, first_room)
+    spare = int(workspace.high_water * (1 - PEAK_MARGIN)) - need
+    most = int(MORE_NODES_PER_REF * state.deferred_refs)
+    return max(0, min(most, spare // _NODE_BYTES))
 
 
 def _stage_buffers(cp, cap_recs, cap_refs):

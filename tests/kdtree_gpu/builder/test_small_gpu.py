@@ -116,6 +116,52 @@ def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
     assert tiny.small_capacities(5) == (1, 1, 2, 5)  # at least one row each
 
 
+def _room(high_water, deferred_refs=10_000, footprint=3_000_000, block=1_000_000):
+    from types import SimpleNamespace
+
+    from kdtree_gpu.builder.gpu.small import room_under_peak
+
+    workspace = SimpleNamespace(high_water=high_water, footprint=lambda: footprint)
+    out = SimpleNamespace(block_bytes=block)
+    state = SimpleNamespace(level_base=500, leaf_ref_base=deferred_refs,
+                            deferred_refs=deferred_refs)
+    caps = GpuSettings().small_capacities(deferred_refs)
+    return room_under_peak(workspace, out, state, caps)
+
+
+def test_the_subtree_stage_takes_the_node_room_the_peak_leaves():
+    from kdtree_gpu.builder.gpu import small
+
+    most = int(small.MORE_NODES_PER_REF * 10_000)
+    assert _room(0) == 0  # no peak yet: nothing is free
+    assert _room(10 ** 12) == most  # at most MORE_NODES_PER_REF per deferred reference
+    # between the two, every node of room costs its bytes of the peak (less the margin)
+    assert small.PEAK_MARGIN == 1 / 16 and small._NODE_BYTES == 13  # (the numbers below)
+    free = [h for h in range(0, 40_000_000, 52_000) if 3000 < _room(h) < most - 3000]
+    assert free
+    h = free[len(free) // 2]  # (a multiple of 16: 15/16 of it is exact)
+    assert _room(h + 20_800) - _room(h) == 1500  # 15/16 of 20,800 bytes: 1500 nodes
+    # what lives beside the stage is not free
+    assert _room(h, footprint=3_000_000 + 13_000) == _room(h) - 1000
+
+
+@gpu
+def test_gpu_the_bunny_subtree_stage_runs_once_without_a_higher_peak(mesh_path):
+    # its subtrees have more nodes per deferred reference than the default room
+    # (a second run of the levels, about a tenth of its build); the room the
+    # peak leaves holds them
+    from kdtree_gpu.builder.settings import default_small_capacity
+
+    V, F = kd.load_mesh(mesh_path("stanford_bunny"))
+    as_given = kd.build(V, F, device="cuda",
+                        settings=GpuSettings(small_capacity=default_small_capacity))
+    tree = kd.build(V, F, device="cuda")
+    assert as_given.build_info["small_runs_full"]  # the default room alone runs out
+    assert tree.build_info["small_runs_full"] == []
+    assert tree.build_info["peak_device_bytes"] <= as_given.build_info["peak_device_bytes"]
+    assert_same_tree(cpu_reference.build(V, F), tree)
+
+
 @gpu
 @pytest.mark.parametrize("room", [(1, 1, 1, 1), (1, 4096, 4096, 100_000), (64, 1, 1, 64),
                                   "bunny"])
