@@ -72,8 +72,9 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     (half the first room, or twice what the level asked for), a larger
     buffer for its children
     (:func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). So the
-    first room holds the nodes of all but the bunny (4 D: it gets 6 D with
-    the second page, as before) and what every measured mesh needs of the
+    first room holds the nodes of all but the bunny (4 D; the build adds the
+    nodes its peak leaves free, :func:`kdtree_gpu.builder.gpu.small.room_under_peak`,
+    which hold the bunny's) and what every measured mesh needs of the
     rest: 4.5 D leaf entries, 0.65 D records and 2.4 D references. Each D
     of room costs 13 bytes per node, 4 per leaf entry, 72 per record (two
     buffers) and 8 per reference.
@@ -135,8 +136,9 @@ class GpuSettings:
         again with twice what it needs when they run out.
     small_capacity : callable or None
         ``deferred_refs -> (tree nodes, leaf entries, records, references)``:
-        the subtree stage's first room (records and references per level);
-        None (the default): :func:`default_small_capacity`.
+        the subtree stage's first room (records and references per level),
+        taken as it is; None (the default): :func:`default_small_capacity`,
+        with the tree nodes the build's peak leaves free added.
     workspace_block : int
         Allocations of the build of at least this many bytes come from the
         build's own pool, which gives its memory back to the device when the
