@@ -221,8 +221,8 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
 {
     bool live = e < a.num_events;
     signed char side = KD_SIDE_LEFT;
+    int seg = live ? a.event_seg(e) : -1;
     if (a.seg_best) {  // the arg-min pass (uniform across the warp)
-        int seg = live ? a.event_seg(e) : -1;
         unsigned long long best = KD_NO_INDEX;
         if (live) {
             unsigned long long min_bits = a.seg_min_cost[seg];
@@ -241,7 +241,6 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
         kd_warp_segmented_atomic_min(best, seg, a.seg_best);
         return;
     }
-    int seg = live ? a.event_seg(e) : -1;
     double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     if (live) {
         cost = kd_event_plane_cost(a, e, seg, &side);

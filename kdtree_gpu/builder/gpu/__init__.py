@@ -25,13 +25,16 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
+from ... import encoding as enc
 from ...launch import stage
 from ...trace.gpu import pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
 from .level_loop import build_levels_grid, level_loop_kernel, root_loop_buffers
 from .level_stages import build_level_stages
-from .output import TreeOutput
+from .output import TreeOutput, grown
 from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
 from .small import build_small_subtrees
 from .workspace import Workspace, pooled
@@ -63,6 +66,15 @@ class LoopState:
     small_level_sizes: list = dataclasses.field(default_factory=list)
     # the level loop's first buffers when the start level was decoded into them
     buffers: object = None
+
+    def room_for_deferred(self, cp, need: int, rows: int) -> None:
+        """Make ``deferred`` hold at least ``need`` records: made with ``rows`` rows
+        when there is none, grown to ``rows`` (the records written kept) when it
+        is smaller; with the allocator of the caller's context."""
+        if self.deferred is None:
+            self.deferred = cp.empty((rows, enc.SMALL_RECORD), dtype=np.int32)
+        elif self.deferred.shape[0] < need:
+            self.deferred = grown(cp, self.deferred, rows, self.num_deferred)
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):

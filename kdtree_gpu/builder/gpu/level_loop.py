@@ -20,7 +20,6 @@ from ...launch import launch, stage
 from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
-from .output import grown
 from .workspace import BlockLayout, arrays_in_one_block, pooled
 
 _loop_cache: dict = {}
@@ -362,10 +361,9 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     block_sum = cp.empty(5 * resident, dtype=np.int64)
     loop_settings = LoopSettings.for_build(cfg, max_depth, small, max_events,
                                            settings.clip_segment)
-    if state.deferred is None:
-        records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
-        with pooled():  # (a temporary of the build: not left cached in the caller's pool)
-            state.deferred = cp.empty((records, enc.SMALL_RECORD), dtype=np.int32)
+    records = settings.small_records or (max(1024, state.refs.size // 4) if small else 1)
+    with pooled():  # (a temporary of the build: not left cached in the caller's pool)
+        state.room_for_deferred(cp, 0, records)
     while True:
         if buffers is None:
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
@@ -437,7 +435,6 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
                     2 * int(record[enc.LOOP_NEED_LEAF_REFS]), state.level_base,
                     state.leaf_ref_base)
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
-        if need_deferred > state.deferred.shape[0]:
-            with pooled():
-                state.deferred = grown(cp, state.deferred, 2 * need_deferred, state.num_deferred)
+        with pooled():
+            state.room_for_deferred(cp, need_deferred, 2 * need_deferred)
         workspace.trim()

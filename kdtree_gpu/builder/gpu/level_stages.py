@@ -28,7 +28,6 @@ from ...launch import launch, stage
 from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_in_place,
                            inclusive_scan_pair, radix_sort)
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
-from .output import grown
 from .workspace import pooled
 
 _SOURCE = "build.cu"
@@ -221,12 +220,7 @@ def defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_re
         sizes (no read of its own: each read waits for the device).
     """
     need = state.num_deferred + nodes.size
-    if state.deferred is None or state.deferred.shape[0] < need:
-        rows = max(need + need // 4, 1024)
-        if state.deferred is None:
-            state.deferred = cp.empty((rows, enc.SMALL_RECORD), dtype=np.int32)
-        else:
-            state.deferred = grown(cp, state.deferred, rows, state.num_deferred)
+    state.room_for_deferred(cp, need, max(need + need // 4, 1024))
     counts = cp.zeros(2, dtype=np.int64)
     launch("defer_records", _kernel("kd_defer_records"), nodes.size,
            (best.node_axis, nodes.node_ref_offset, split_leaf_ex, nodes.node_lo, nodes.node_hi,

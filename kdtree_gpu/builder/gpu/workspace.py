@@ -99,20 +99,24 @@ def tree_blocks():
     return _running_context("tree_blocks")
 
 
+def _on_running(method: str) -> None:
+    """Call the running build's :class:`Workspace` method ``method``; outside a
+    build nothing happens."""
+    workspace = getattr(_active, "workspace", None)
+    if workspace is not None:
+        getattr(workspace, method)()
+
+
 def release_tree_blocks() -> None:
     """Give the tree pool's free blocks back (the output's block it outgrew), if a
     build is running."""
-    workspace = getattr(_active, "workspace", None)
-    if workspace is not None:
-        workspace.release_tree_blocks()
+    _on_running("release_tree_blocks")
 
 
 def before_growth() -> None:
     """The running build is about to make a block that outlives its level (the
     tree output's growth): :meth:`Workspace.before_growth`."""
-    workspace = getattr(_active, "workspace", None)
-    if workspace is not None:
-        workspace.before_growth()
+    _on_running("before_growth")
 
 
 def pooled():
