@@ -119,11 +119,11 @@ class GpuSettings:
         is deferred, and its subtree is built afterwards, one warp per node
         and one launch per level (:mod:`kdtree_gpu.builder.gpu.small`); 0
         builds every level in the loop or by stages. The default,
-        ``SMALL_MAX_REFS`` (64), was measured fastest on an H100 (bunny, happy Buddha, dragon, armadillo: 0.76-0.93x the
-        build time with 0; conference 0.88-1.04x over four runs;
-        benchmarks/results/small_nodes_h100.md),
-        and it lets the loop's buffers be sized for narrower levels
-        (:func:`default_loop_capacity`).
+        ``SMALL_MAX_REFS`` (64), was measured fastest on an H100 (bunny,
+        happy Buddha, dragon, armadillo: 0.76-0.93x the build time with 0;
+        conference 0.88-1.04x over four runs;
+        benchmarks/results/small_nodes_h100.md), and it lets the loop's
+        buffers be sized for narrower levels (:func:`default_loop_capacity`).
     small_min_refs : int
         Builds (or levels handed back to the level loop) of fewer references
         defer nothing: the subtree stage costs a launch per level that can
