@@ -123,7 +123,8 @@ STAGE_BYTES = {
     "compute_split_costs: scan": (0, 8 + 8 + 8),
     "compute_split_costs: costs": (0, 4 + 4 + 8 + 8 + 1),
     "select_best_splits: segmented argmin": (0, 8 + 4),
-    "classify_triangles": (4 + 4 + 8 + 1 + 8, 4 + 4 + 4 + 8 + 8),
+    "classify_triangles": (4 + 4 + 8 + 1 + 8, 0),
+    "classify_triangles: events": (0, 4 + 1 + 8),
     "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 8 + 2 * 13),
 }
 

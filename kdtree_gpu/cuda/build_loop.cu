@@ -278,10 +278,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         // classify_triangles (R9), beside the first half of the scan of the
         // (split, leaf count) values
         // (with perfect splits the references' own boxes, one row per reference)
-        KdClassifyArgs classify = {tri, node, ref, s.best_axis, s.best_pos, s.best_side,
+        KdClassifyArgs classify = {tri, node, s.best_axis, s.best_pos, s.best_side,
                                    s.node_split, clip ? s.ref_lo : tri_lo,
-                                   clip ? s.ref_hi : tri_hi, num_refs, num_events,
-                                   s.ref_class, nullptr, nullptr, clip};
+                                   clip ? s.ref_hi : tri_hi, num_refs, s.ref_class, nullptr,
+                                   clip};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();

@@ -151,30 +151,26 @@ __device__ __forceinline__ void kd_child_box(const float* node_lo, const float* 
     }
 }
 
-// Stages classify_triangles and route_events' flags in one launch over
-// max(R, E) threads: thread i classifies reference i (ref_class, ref_lr) and
-// event i, which classifies its own reference again rather than wait for it.
-// Both scan inputs get a leading 0. With perfect splits (clip) the boxes are
-// the references' own (row = reference, not triangle) and a straddling
+// Stage classify_triangles: the class of each reference (ref_class) and its
+// route flags (ref_lr, after a leading 0); each event's flags then come from
+// its reference's class (kd_event_lr). With perfect splits (clip) the boxes
+// are the references' own (row = reference, not triangle) and a straddling
 // reference's events go to no child: clip.cu makes new ones.
 struct KdClassifyArgs {
     const int* ref_tri;
     const int* ref_node;
-    const int* event_ref;
     const signed char* best_axis;
     const float* best_pos;
     const signed char* best_side;
     const bool* node_split;
     const float* tri_lo;
     const float* tri_hi;
-    long long num_refs, num_events;
+    long long num_refs;
     unsigned char* ref_class;
-    long long* ref_lr;    // (R + 1); null: not stored (the level loop scans ref_class)
-    long long* event_lr;  // (E + 1)
+    long long* ref_lr;  // (R + 1); null: not stored (the level loop scans ref_class)
     int clip;
 };
 
-// Reference i only (ref_class, ref_lr).
 __device__ __forceinline__ void kd_classify_ref(const KdClassifyArgs& a, long long i)
 {
     if (i == 0 && a.ref_lr) a.ref_lr[0] = 0;
@@ -184,19 +180,6 @@ __device__ __forceinline__ void kd_classify_ref(const KdClassifyArgs& a, long lo
                                         a.tri_lo, a.tri_hi);
         a.ref_class[i] = cls;
         if (a.ref_lr) a.ref_lr[i + 1] = kd_pack_lr(cls);
-    }
-}
-
-__device__ __forceinline__ void kd_classify_item(const KdClassifyArgs& a, long long i)
-{
-    kd_classify_ref(a, i);
-    if (i == 0) a.event_lr[0] = 0;
-    if (i < a.num_events) {
-        int ref = a.event_ref[i];
-        unsigned char cls = kd_classify(a.clip ? ref : a.ref_tri[ref], a.ref_node[ref],
-                                        a.best_axis, a.best_pos, a.best_side, a.node_split,
-                                        a.tri_lo, a.tri_hi);
-        a.event_lr[i + 1] = kd_event_lr(cls, a.clip);
     }
 }
 

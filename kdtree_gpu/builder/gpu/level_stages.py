@@ -261,10 +261,13 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, c
     ref_class = cp.empty(num_refs, dtype=np.uint8)
     ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
     event_lr = cp.empty(num_events + 1, dtype=np.int64)
-    launch("classify_triangles", _kernel("kd_classify"), max(num_refs, num_events),
-           (*refs.args(), events.event_ref, best.node_axis, best.node_pos,
-            best.node_side, node_split, tri_lo, tri_hi, i64(num_refs), i64(num_events),
-            ref_class, ref_lr, event_lr, np.int32(clip)))
+    # the references first; each event then takes its reference's class
+    # (cuda/build.cu: kd_event_routes says why)
+    launch("classify_triangles", _kernel("kd_classify"), max(num_refs, 1),
+           (*refs.args(), best.node_axis, best.node_pos, best.node_side, node_split, tri_lo,
+            tri_hi, i64(num_refs), ref_class, ref_lr, np.int32(clip)))
+    launch("classify_triangles: events", _kernel("kd_event_routes"), max(num_events, 1),
+           (events.event_ref, ref_class, i64(num_events), event_lr, np.int32(clip)))
     return ref_class, ref_lr, event_lr
 
 
