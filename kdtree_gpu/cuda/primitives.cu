@@ -113,27 +113,42 @@ kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
     }
 }
 
-// Each thread scans KD_SCAN_ITEMS consecutive items; tiles start at their prefix.
-// `out` may be `in` (a thread reads its items before the block's barriers and
-// writes only them after): no __restrict__ on either.
+// Each warp scans 32 * KD_SCAN_ITEMS consecutive items of its tile, 32 at a
+// time: every load and store of a warp covers 256 consecutive bytes. (With
+// each thread scanning KD_SCAN_ITEMS consecutive items, a warp's accesses were
+// 64 bytes apart: H100, 32M items, 1.25 TB/s, against 3 TB/s for a copy.)
+// Tiles start at their prefix. `out` may be `in` (a thread reads its items
+// before the block's barriers and writes only them after): no __restrict__
+// on either.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_tiles(const long long* in, long long n,
               const long long* __restrict__ tile_prefix, long long* out)
 {
-    long long base = (long long)blockIdx.x * KD_SCAN_TILE + (long long)threadIdx.x * KD_SCAN_ITEMS;
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    long long base = (long long)blockIdx.x * KD_SCAN_TILE
+                     + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     long long v[KD_SCAN_ITEMS];
     long long sum = 0;
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + j;
+        long long i = base + 32 * j;
         v[j] = i < n ? in[i] : 0;
         sum += v[j];
     }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
+    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
     long long total;
-    long long prefix = kd_block_exclusive_scan(sum, &total) + tile_prefix[blockIdx.x];
+    long long carry = kd_block_exclusive_scan(lane == 0 ? sum : 0, &total);
+    carry = __shfl_sync(full, carry, 0) + tile_prefix[blockIdx.x];
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + j;
-        prefix += v[j];
-        if (i < n) out[i] = prefix;
+        long long x = v[j];
+        for (int o = 1; o < 32; o <<= 1) {
+            long long y = __shfl_up_sync(full, x, o);
+            if (lane >= o) x += y;
+        }
+        long long i = base + 32 * j;
+        if (i < n) out[i] = carry + x;
+        carry += __shfl_sync(full, x, 31);
     }
 }
 

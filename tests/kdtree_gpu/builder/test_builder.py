@@ -514,7 +514,7 @@ def test_gpu_profile_names_every_stage():
 
 
 @gpu
-@pytest.mark.parametrize("n", [1, 2, 255, 2047, 2048, 2049, 16383, 16384, 16385, 100_003,
+@pytest.mark.parametrize("n", [1, 2, 255, 2047, 2048, 2049, 16383, 16384, 16385, 18_465, 100_003,
                                3_000_001])
 def test_gpu_scans_equal_numpy_cumsum(n):
     import cupy
