@@ -100,10 +100,9 @@ __device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
 
 // The packed (left, right) flags of event i - 1, read from the class of its
 // reference, and 0 for i = 0: the scan input of route_events, computed as
-// the scan loads it. (The per-stage kernels classify each event's reference
-// again instead, to save a launch; here the references' classes are ready
-// after the barrier that ends classification.) With perfect splits a
-// straddling reference's events go to no child (KdClassifyArgs).
+// the scan loads it (the per-stage path writes the same flags into an array
+// first: kd_event_routes in build.cu). With perfect splits a straddling
+// reference's events go to no child (KdClassifyArgs).
 struct KdLoadEventLR {
     const int* event_ref;
     const unsigned char* ref_class;
