@@ -99,20 +99,26 @@ LOOP_STOPPED = 1
 # (<= SMALL_MAX_REFS) references is deferred: the loop writes it as a leaf and a
 # record of SMALL_RECORD int32 (tree node, depth | count << SMALL_COUNT_SHIFT,
 # start of its references, box lo and hi as float bits: cuda/small_record.cuh);
-# its subtree is then built one warp per node, one launch per level, from
+# its subtree is then built one launch per level, a warp per node (a thread
+# per node of at most SMALL_TINY_REFS references), from
 # records of the same layout.
 SMALL_MAX_REFS = 64  # two references per lane of a warp
 SMALL_RECORD = 9
 SMALL_COUNT_SHIFT = 24  # depths below 2**24, counts up to SMALL_MAX_REFS above them
-SMALL_BLOCK = 128  # threads of the subtree kernel: four warps, one node each
+SMALL_BLOCK = 128  # threads of the subtree kernel: four warps
+# a subtree node of at most this many references takes a thread, a larger one a warp
+SMALL_TINY_REFS = 8
 SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scratch
 # int64 counters of the subtree kernel: the tree nodes and leaf_tris entries
 # written before its first level, an overflow flag, the deepest leaf, the
 # leaf_tris entries the deferred nodes' level-loop leaves leave unused, and
 # the first level that found a buffer full. Then SMALL_LEVEL_ROW per level L:
-# the records and references of level L (written by level L - 1), and the
-# tree nodes and leaf entries level L takes (so that a run can go on from a
-# level: the counts before it are the sums of the rows above it).
+# the records and references of level L (written by level L - 1; the records
+# word counts those of more than SMALL_TINY_REFS references, at the front of
+# their buffer, in its low 32 bits and the others, at the back, in its high
+# ones: builder.gpu.small.level_records), and the tree nodes and leaf entries level L
+# takes (so that a run can go on from a level: the counts before it are the
+# sums of the rows above it).
 SMALL_NODES = 0
 SMALL_LEAVES = 1
 SMALL_OVERFLOW = 2
@@ -125,6 +131,7 @@ SMALL_LEVEL_REFS = 1
 SMALL_LEVEL_NODES = 2
 SMALL_LEVEL_LEAVES = 3
 SMALL_LEVEL_ROW = 4
+SMALL_RECORDS_BACK_SHIFT = 32
 # bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full
 SMALL_FULL_NODES = 1
 SMALL_FULL_LEAVES = 2

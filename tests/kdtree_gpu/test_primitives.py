@@ -310,6 +310,23 @@ def test_gpu_scans(n):
 
 @gpu
 @needs_gpu
+@pytest.mark.parametrize("n", [(1 << 20) - 1, (1 << 20) + 7, 3_000_017])
+def test_gpu_large_in_place_scans_of_packed_flags(n):
+    # from CUB_MIN_ITEMS on, in-place scans take CUB's single pass: the
+    # staged levels' flag scans (two counts per int64) and the leaf packing
+    import cupy
+
+    assert P.scan.CUB_MIN_ITEMS == 1 << 20  # (the sizes above straddle it)
+    rng = np.random.default_rng(n)
+    x = (rng.integers(0, 2, n) | (rng.integers(0, 3, n) << 32)).astype(np.int64)
+    d = cupy.asarray(x)
+    assert P.inclusive_scan_in_place(d) is d
+    np.testing.assert_array_equal(d.get(), np.cumsum(x))
+    np.testing.assert_array_equal(P.inclusive_scan(cupy.asarray(x)).get(), np.cumsum(x))
+
+
+@gpu
+@needs_gpu
 @pytest.mark.parametrize("n", SIZES)
 @pytest.mark.parametrize("exclusive", [False, True])
 def test_gpu_segmented_scan(n, exclusive):

@@ -1,4 +1,4 @@
-"""Small-node subtrees: one warp per node, one launch per level (``cuda/build_small.cu``).
+"""Small-node subtrees: one launch per level, a warp or a thread per node (``cuda/build_small.cu``).
 
 Past the first levels a tree is mostly tiny nodes, and every level costs the
 level loop a dozen grid barriers and passes over all its events however
@@ -10,8 +10,9 @@ references and a record of it. The levels run by stages do the same
 all that small rather than hand it to the loop. This stage builds those
 nodes' subtrees by the same rules (the kernel's header says why its
 brute-force counts equal the level stages' event scans), level by level with
-one warp per node and no events, appending node pairs and leaves to the
-tree; then it packs the leaf lists so that the deferred nodes' old leaf
+one warp per node (one thread per node of at most ``SMALL_TINY_REFS``
+references, most of them) and no events, appending node pairs and leaves to
+the tree; then it packs the leaf lists so that the deferred nodes' old leaf
 ranges leave no gaps.
 """
 
@@ -115,12 +116,13 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             for level in range(first, levels):
                 src, dst = buffers[1 - level % 2], buffers[level % 2]
                 # a fixed grid of warps, strided over the level's nodes
+                records = state.deferred if level == 0 else src[0]
                 launch("small subtrees: level", kernel, blocks * enc.SMALL_BLOCK,
-                       (tri_lo, tri_hi, state.deferred if level == 0 else src[0],
-                        out.leaf if level == 0 else src[1], np.int32(level), counters,
+                       (tri_lo, tri_hi, records, out.leaf if level == 0 else src[1],
+                        np.int64(records.shape[0]), np.int32(level), counters,
                         dst[0], dst[1], np.int64(dst[0].shape[0]), np.int64(dst[1].shape[0]),
                         *tree_args, loop_settings), block=enc.SMALL_BLOCK)
-            src = dst = None  # (else they would keep the last level's buffers alive)
+            src = dst = records = None  # (else they would keep the last level's buffers alive)
             # one read: the tree's sizes (and whether every buffer had room)
             sizes = counters.get()
         full = int(sizes[enc.SMALL_OVERFLOW])
@@ -150,8 +152,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             # that finds it full makes it again the same way.
             has = [a.shape[0] for a in buffers[first % 2]]
             child = rows[first + 1]
-            caps = [max(h, int(child[k]) * 5 // 4 + 1024)
-                    for h, k in zip(has, (enc.SMALL_LEVEL_RECORDS, enc.SMALL_LEVEL_REFS))]
+            asked = (level_records(child[enc.SMALL_LEVEL_RECORDS]), int(child[enc.SMALL_LEVEL_REFS]))
+            caps = [max(h, a * 5 // 4 + 1024) for h, a in zip(has, asked)]
             buffers[first % 2] = None  # (its block goes back to the pool first)
             buffers[first % 2] = _stage_buffers(cp, *caps)
         state.small_runs_full.append((first, full))
@@ -168,7 +170,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     del buffers
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
     live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_RECORDS]))
-    state.small_level_sizes = [tuple(r) for r in rows[:live, :2].tolist()]
+    state.small_level_sizes = [(level_records(r[enc.SMALL_LEVEL_RECORDS]),
+                                int(r[enc.SMALL_LEVEL_REFS])) for r in rows[:live]]
     num_nodes = state.level_base + int(rows[:, enc.SMALL_LEVEL_NODES].sum())
     num_leaf_refs = state.leaf_ref_base + int(rows[:, enc.SMALL_LEVEL_LEAVES].sum())
     packed = num_leaf_refs - int(sizes[enc.SMALL_HOLES])
@@ -176,6 +179,14 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(sizes[enc.SMALL_DEPTH])
+
+
+def level_records(word) -> int:
+    """A subtree level's records from its row's records word (``encoding.SMALL_LEVEL_ROW``):
+    those of more than ``SMALL_TINY_REFS`` references in the low bits, the others above."""
+    word = int(word)
+    shift = enc.SMALL_RECORDS_BACK_SHIFT
+    return (word & ((1 << shift) - 1)) + (word >> shift)
 
 
 def room_under_peak(workspace, out, state, caps) -> int:

@@ -1,0 +1,204 @@
+// The best plane of a small node of the subtree stage (rules R4-R8 for at most
+// KD_SMALL_MAX_REFS references, without events): a warp per node
+// (kd_small_best_split) or a thread per node of at most KD_SMALL_TINY_REFS
+// (kd_tiny_best_split). Part of build_small.cu, which includes it.
+//
+// With at most 64 references a node's events need no sort. The run-head
+// counts of kd_split_cost_event, for a plane p of an axis, are
+//   N_L = opens before p        = #{t : lo_t <  p}
+//   N_P = planars at p          = #{t : lo_t == hi_t == p}
+//   N_R = N - closes up to p    = N - #{t : hi_t <= p}
+// (an event is END at hi, START at lo, or PLANAR at lo == hi), counted for
+// each candidate over all the node's references. The candidates are the run
+// heads: each distinct event position inside the node's box. The best plane
+// is the minimum of (cost, axis, position), which is the level stages'
+// choice: the lowest event index of an axis' minimum cost is its lowest
+// position, and the lower axis wins ties.
+#pragma once
+#include "build_stages.cuh"
+
+#define KD_SMALL_PER_LANE (KD_SMALL_MAX_REFS / 32)
+
+__device__ __forceinline__ bool kd_small_better(double c, int axis, float p, double best_c,
+                                                int best_axis, float best_p)
+{
+    return c < best_c || (c == best_c && (axis < best_axis || (axis == best_axis && p < best_p)));
+}
+
+// v[k] for a run-time k without an indexed (local-memory) load.
+__device__ __forceinline__ float kd_pick3(const float* v, int k)
+{
+    return k == 0 ? v[0] : (k == 1 ? v[1] : v[2]);
+}
+
+struct KdSmallSplit {
+    double cost;
+    int axis;  // 3: no candidate plane
+    float pos;
+    int side;
+};
+
+// Plane p of an axis with its run-head counts, against the best so far: the
+// lowest (cost, axis, position) wins, whichever order the candidates come in.
+__device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const double* ext,
+                                                  double area, int axis, float lo_k, float hi_k,
+                                                  float p, long long n_left, long long n_planar,
+                                                  long long n_right, const KdLoopSettings& cfg)
+{
+    int side;
+    const double cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
+                                      cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus, &side);
+    if ((unsigned long long)__double_as_longlong(cost) == KD_INF_BITS) return;
+    if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos)) best = {cost, axis, p, side};
+}
+
+// The run-head counts of this lane's candidates on one axis over the node's r
+// references: candidate c is lo (c even) or hi (c odd) of reference c / 2 of
+// the lane's NQ (lo_a, hi_a: the references' bounds on the axis, lane l
+// holding references l + 32 q). n_lo_cl[c]: opens before p in the low 16 bits,
+// closes up to p in the high ones (r <= 64); n_pl[c]: planars at p, counted
+// only when some reference of the node is planar on the axis (PLANAR). The
+// source loop runs over valid references only, and its body is a few
+// instructions: it is the kernel's hot loop.
+template <int NQ, bool PLANAR>
+__device__ __forceinline__ void kd_small_count(const float* lo_a, const float* hi_a, int r,
+                                               int* n_lo_cl, int* n_pl)
+{
+    const unsigned full = 0xffffffffu;
+#pragma unroll
+    for (int c = 0; c < 2 * NQ; ++c) n_lo_cl[c] = n_pl[c] = 0;
+#pragma unroll
+    for (int q = 0; q < NQ; ++q) {
+        const int count = min(32, r - 32 * q);
+        for (int src = 0; src < count; ++src) {
+            const float t_lo = __shfl_sync(full, lo_a[q], src);
+            const float t_hi = __shfl_sync(full, hi_a[q], src);
+#pragma unroll
+            for (int c = 0; c < 2 * NQ; ++c) {
+                const float p = c & 1 ? hi_a[c >> 1] : lo_a[c >> 1];
+                n_lo_cl[c] += (t_lo < p ? 1 : 0) + (t_hi <= p ? 0x10000 : 0);
+                if (PLANAR) n_pl[c] += t_lo == t_hi && t_lo == p;
+            }
+        }
+    }
+}
+
+// compute_split_costs and select_best_splits (R4-R8) for one node of r <= 64
+// references, lane l holding references l and l + 32 (tri < 0: none). Every
+// lane of the warp calls it and gets the node's best plane. The axis loop is
+// not unrolled (the kernel's code must fit the instruction cache: with three
+// copies of the counting loops its warps mostly waited for instructions);
+// values of the axis are picked with selects, not indexed loads.
+__device__ __forceinline__ KdSmallSplit kd_small_best_split(
+    const int* tri, const float (*blo)[3], const float (*bhi)[3], int r, const float* nlo,
+    const float* nhi, const KdLoopSettings& cfg)
+{
+    const unsigned full = 0xffffffffu;
+    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
+    double ext[3];
+    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
+    const double area = kd_half_area(ext[0], ext[1], ext[2]);
+    const int longest = kd_longest_axis(nlo, nhi, 0);
+    const bool two = r > 32;  // the same in every lane
+#pragma unroll 1
+    for (int axis = 0; axis < 3; ++axis) {
+        if (cfg.longest_only && axis != longest) continue;
+        float lo_a[KD_SMALL_PER_LANE], hi_a[KD_SMALL_PER_LANE];
+        bool planar = false;
+#pragma unroll
+        for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
+            lo_a[q] = kd_pick3(blo[q], axis);
+            hi_a[q] = kd_pick3(bhi[q], axis);
+            planar |= tri[q] >= 0 && lo_a[q] == hi_a[q];
+        }
+        planar = __any_sync(full, planar);
+        int n_lo_cl[2 * KD_SMALL_PER_LANE], n_pl[2 * KD_SMALL_PER_LANE];
+        if (two) {
+            if (planar) kd_small_count<2, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            else kd_small_count<2, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+        } else {
+            if (planar) kd_small_count<1, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            else kd_small_count<1, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            n_lo_cl[2] = n_lo_cl[3] = n_pl[2] = n_pl[3] = 0;
+        }
+        const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
+#pragma unroll
+        for (int c = 0; c < 2 * KD_SMALL_PER_LANE; ++c) {
+            const int q = c >> 1;
+            if (tri[q] < 0) continue;
+            const float p = c & 1 ? hi_a[q] : lo_a[q];
+            if ((c & 1) && p == lo_a[q]) continue;  // planar: one event
+            if (!(p > lo_k && p < hi_k)) continue;
+            kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, n_lo_cl[c] & 0xffff, n_pl[c],
+                              (long long)r - (n_lo_cl[c] >> 16), cfg);
+        }
+    }
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
+                              __shfl_xor_sync(full, best.axis, offset),
+                              __shfl_xor_sync(full, best.pos, offset),
+                              __shfl_xor_sync(full, best.side, offset)};
+        if (kd_small_better(other.cost, other.axis, other.pos, best.cost, best.axis, best.pos))
+            best = other;
+    }
+    return best;
+}
+
+// v[k] of an array of KD_SMALL_TINY_REFS for a run-time k, by selects.
+__device__ __forceinline__ float kd_pick_tiny(const float* v, int k)
+{
+    float x = v[0];
+#pragma unroll
+    for (int q = 1; q < KD_SMALL_TINY_REFS; ++q) x = k == q ? v[q] : x;
+    return x;
+}
+
+// The same choice for a node of r <= KD_SMALL_TINY_REFS references held by one
+// thread (tri[q], q < r): the counts of each candidate over all r references,
+// as kd_small_count's. Most of a tree's small nodes hold two to six references
+// (H100, 5.5M triangles: 2.5-6.5 on average from the sixth subtree level on),
+// and a warp per such node left most of its lanes idle. Only the count over
+// the references is unrolled: with the candidates unrolled too, the kernel's
+// warps mostly waited for instructions (H100: 63% of their stalls).
+__device__ __forceinline__ KdSmallSplit kd_tiny_best_split(const int* tri,
+                                                           const float* __restrict__ tri_lo,
+                                                           const float* __restrict__ tri_hi,
+                                                           int r, const float* nlo,
+                                                           const float* nhi,
+                                                           const KdLoopSettings& cfg)
+{
+    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
+    double ext[3];
+    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
+    const double area = kd_half_area(ext[0], ext[1], ext[2]);
+    const int longest = kd_longest_axis(nlo, nhi, 0);
+#pragma unroll 1
+    for (int axis = 0; axis < 3; ++axis) {
+        if (cfg.longest_only && axis != longest) continue;
+        // references past r are +inf on both ends (bits: NVRTC has no INFINITY): they count nowhere
+        float lo_a[KD_SMALL_TINY_REFS], hi_a[KD_SMALL_TINY_REFS];
+#pragma unroll
+        for (int q = 0; q < KD_SMALL_TINY_REFS; ++q) {
+            lo_a[q] = q < r ? tri_lo[3 * tri[q] + axis] : __int_as_float(0x7f800000);
+            hi_a[q] = q < r ? tri_hi[3 * tri[q] + axis] : __int_as_float(0x7f800000);
+        }
+        const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
+#pragma unroll 1
+        for (int c = 0; c < 2 * r; ++c) {
+            const float lo_q = kd_pick_tiny(lo_a, c >> 1);
+            const float p = c & 1 ? kd_pick_tiny(hi_a, c >> 1) : lo_q;
+            if ((c & 1) && p == lo_q) continue;  // planar: one event
+            if (!(p > lo_k && p < hi_k)) continue;
+            int n_left = 0, n_closed = 0, n_planar = 0;
+#pragma unroll
+            for (int t = 0; t < KD_SMALL_TINY_REFS; ++t) {
+                n_left += lo_a[t] < p;
+                n_closed += hi_a[t] <= p;
+                n_planar += lo_a[t] == hi_a[t] && lo_a[t] == p;
+            }
+            kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
+                              (long long)(r - n_closed), cfg);
+        }
+    }
+    return best;
+}
