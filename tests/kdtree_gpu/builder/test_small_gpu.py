@@ -108,6 +108,20 @@ def test_gpu_small_subtrees_run_again_when_the_output_is_full():
     assert_same_tree(cpu_reference.build(V, F), tree)
 
 
+def test_a_subtree_level_counts_its_records_at_both_ends_of_one_word():
+    # records of more than SMALL_TINY_REFS references (a warp each) fill the
+    # buffer from the front, the others (a thread each) from the back
+    from kdtree_gpu.builder.gpu.small import level_records
+
+    shift = enc.SMALL_RECORDS_BACK_SHIFT
+    assert level_records(0) == 0
+    assert level_records(5) == 5
+    assert level_records(7 << shift) == 7
+    assert level_records(np.uint64(5 | 7 << shift)) == 12
+    assert level_records((2 ** shift - 1) | (3 << shift)) == 2 ** shift + 2
+    assert 1 <= enc.SMALL_TINY_REFS < 32 <= enc.SMALL_MAX_REFS
+
+
 def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
     d = 10_000
     assert GpuSettings().small_capacities(d) == (4 * d + 1024, 9 * d // 2 + 1024,
