@@ -116,9 +116,9 @@ SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scr
 # the records and references of level L (written by level L - 1; the records
 # word counts those of more than SMALL_TINY_REFS references, at the front of
 # their buffer, in its low 32 bits and the others, at the back, in its high
-# ones: builder.gpu.small.level_records), and the tree nodes and leaf entries level L
-# takes (so that a run can go on from a level: the counts before it are the
-# sums of the rows above it).
+# ones: builder.gpu.small.level_records), and the tree nodes and leaf entries
+# level L takes (so that a run can go on from a level: the counts before it
+# are the sums of the rows above it).
 SMALL_NODES = 0
 SMALL_LEAVES = 1
 SMALL_OVERFLOW = 2

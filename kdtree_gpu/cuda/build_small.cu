@@ -212,7 +212,8 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     first = __shfl_sync(full, first, 0);
     const unsigned long long full_bits =
         (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
-        | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + live > (unsigned long long)L.rec_capacity
+        | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + live
+                   > (unsigned long long)L.rec_capacity
                ? KD_SMALL_FULL_RECORDS : 0ull)
         | (first + num_left + num_right > (unsigned long long)L.ref_capacity
                ? KD_SMALL_FULL_REFS : 0ull);
@@ -299,7 +300,8 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
     } else if (split) {
         full_bits =
             (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
-            | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + kids > (unsigned long long)L.rec_capacity
+            | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + kids
+                   > (unsigned long long)L.rec_capacity
                    ? KD_SMALL_FULL_RECORDS : 0ull)
             | (first + num_left + num_right > (unsigned long long)L.ref_capacity
                    ? KD_SMALL_FULL_REFS : 0ull);

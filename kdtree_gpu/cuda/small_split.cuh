@@ -49,7 +49,8 @@ __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const doub
     const double cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
                                       cfg.k_traversal, cfg.k_intersect, cfg.empty_bonus, &side);
     if ((unsigned long long)__double_as_longlong(cost) == KD_INF_BITS) return;
-    if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos)) best = {cost, axis, p, side};
+    if (kd_small_better(cost, axis, p, best.cost, best.axis, best.pos))
+        best = {cost, axis, p, side};
 }
 
 // The run-head counts of this lane's candidates on one axis over the node's r

@@ -1,4 +1,4 @@
-"""Small-node subtrees: one launch per level, a warp or a thread per node (``cuda/build_small.cu``).
+"""Small-node subtrees: a launch per level, a warp or a thread per node (``cuda/build_small.cu``).
 
 Past the first levels a tree is mostly tiny nodes, and every level costs the
 level loop a dozen grid barriers and passes over all its events however
@@ -152,7 +152,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             # that finds it full makes it again the same way.
             has = [a.shape[0] for a in buffers[first % 2]]
             child = rows[first + 1]
-            asked = (level_records(child[enc.SMALL_LEVEL_RECORDS]), int(child[enc.SMALL_LEVEL_REFS]))
+            asked = (level_records(child[enc.SMALL_LEVEL_RECORDS]),
+                     int(child[enc.SMALL_LEVEL_REFS]))
             caps = [max(h, a * 5 // 4 + 1024) for h, a in zip(has, asked)]
             buffers[first % 2] = None  # (its block goes back to the pool first)
             buffers[first % 2] = _stage_buffers(cp, *caps)
