@@ -1,0 +1,35 @@
+"""One JSON line for one mesh: warm ``kd.build`` ms from CuPy arrays (CUDA events, median of
+$REPS, default 15, after two), and from one ``kd.build(profile=True)`` the subtree stage's
+ms, the sum of the profile's top-level rows and the peak bytes per triangle. The package is
+whichever ``kdtree_gpu`` is first on PYTHONPATH, so that two commits can run in alternating
+fresh processes::
+
+    PYTHONPATH=OLD_ROOT python benchmarks/probe_build_ab.py stanford_armadillo@sub2
+    PYTHONPATH=. python benchmarks/probe_build_ab.py stanford_armadillo@sub2
+
+(The digest of the tree's arrays is printed too; the subtree stage numbers its nodes with
+atomics, so it differs from build to build: compare trees with the tests.)"""
+import os, sys, json, hashlib
+sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
+import cupy, numpy as np
+import kdtree_gpu as kd
+from bench_build import load
+V, F = load(sys.argv[1], os.environ["KDTREE_GPU_MESH_DIR"])
+V, F = cupy.asarray(V), cupy.asarray(F)
+REPS = int(os.environ.get('REPS', 15))
+for _ in range(2): kd.build(V, F)
+T = []
+for _ in range(REPS):
+    a, b = cupy.cuda.Event(), cupy.cuda.Event()
+    a.record(); kd.build(V, F); b.record(); b.synchronize()
+    T.append(cupy.cuda.get_elapsed_time(a, b))
+tree = kd.build(V, F, profile=True)
+h = hashlib.sha1()
+for name in ("node_axis", "node_split", "node_child", "node_count", "leaf_tris"):
+    h.update(cupy.asnumpy(tree.device_array(name)).tobytes())
+prof = tree.build_info["profile"]
+print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sys.argv[1],
+                  "ms": round(float(np.median(T)), 3), "digest": h.hexdigest()[:12],
+                  "peak_B_per_tri": round(tree.build_info["peak_device_bytes"] / int(F.shape[0]), 1),
+                  "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),
+                  "kernels_ms": round(sum(v["total_ms"] for v in prof.values() if not v.get("nested")), 3)}), flush=True)
