@@ -437,4 +437,5 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         need_deferred = int(record[enc.LOOP_NEED_DEFERRED])
         with pooled():
             state.room_for_deferred(cp, need_deferred, 2 * need_deferred)
-        workspace.trim()
+        # (the old block stays cached until a device allocation would pass the
+        # peak with it: Workspace.before_device_allocation)

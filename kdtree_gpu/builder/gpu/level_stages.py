@@ -478,11 +478,10 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     if deferred is not None:
         state.num_deferred += counts[4]
         state.deferred_refs += counts[5]
-    # (Growth by doubling from nothing: the tree grows at nearly every level, and
-    # each growth gives the pools' unused blocks back, Workspace.before_growth.
-    # A first room of two nodes and one leaf entry per triangle made
-    # armadillo subdivided twice 10% faster, but its peak 418 bytes per
-    # triangle instead of 283, H100: those trims keep the pools small.)
+    # (Growth by doubling from nothing. A first room of two nodes and one leaf
+    # entry per triangle made armadillo subdivided twice 10% faster, but its
+    # peak 418 bytes per triangle instead of 283, H100, when each growth gave
+    # the pools' unused blocks back.)
     out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
     with children():
         child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,

@@ -12,9 +12,8 @@ import numpy as np
 
 from ... import encoding as enc
 from ..soa import TreeNodeSoA
-from .workspace import (arrays_in_one_block, before_growth,
-                        pooled as workspace_pooled, release_tree_blocks,
-                        tree_blocks)
+from .workspace import (arrays_in_one_block, pooled as workspace_pooled,
+                        release_tree_blocks, tree_blocks)
 
 
 # bytes a finished small tree's block may hold beyond the tree instead of being copied
@@ -118,8 +117,6 @@ class TreeOutput:
         shapes = TreeNodeSoA.shapes(1)
         fields = [((r,), dtype) for r, (_, dtype) in zip(rows, shapes.values())]
         fields.append(((rows[4],), enc.LEAF_TRIS_DTYPE))
-        if old is not None:
-            before_growth()
         with tree_blocks():
             made = arrays_in_one_block(self.cp, fields)
         self.block_bytes = sum(a.nbytes for a in made)

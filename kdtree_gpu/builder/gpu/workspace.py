@@ -11,9 +11,9 @@ use at the peak).
 
 :class:`Workspace` routes the build's allocations of at least
 ``GpuSettings.workspace_block`` bytes to a pool that only the builder uses
-and that returns its memory to the device when the build ends, when a
-level outgrows what it holds, and when the level-loop buffers are
-replaced. Smaller allocations (many, cheap to keep, about a millisecond
+and that returns its memory to the device when the build ends, and before
+a device allocation that would otherwise raise the build's peak
+(:meth:`Workspace.before_device_allocation`). Smaller allocations (many, cheap to keep, about a millisecond
 per build to make anew) and the tree itself go to the caller's allocator
 (CuPy's default pool unless the caller set another), as before; inside
 :func:`pooled` every size goes to the workspace pool (the triangles' boxes,
@@ -23,14 +23,14 @@ from a second pool, :meth:`Workspace.aside`, and the tree output's blocks
 from a third, :func:`tree_blocks`), and :func:`carved` cuts a phase's
 temporaries from a buffer not in use yet (the root's sort, from the level
 loop's buffers). Between phases :meth:`Workspace.release_unused` gives the
-blocks the next phase cannot use back to the device, and so does every
-growth of the tree output (:meth:`Workspace.before_growth`).
+blocks the next phase cannot use back to the device.
 
 The footprint it reports (:attr:`Workspace.high_water`) is what the device
 had to provide: the three pools' blocks (in use or cached) plus what
-the caller's pool grew by since the build began, sampled where the build
-holds the most (after each launch of the level loop, after each level run
-by stages, before memory is given back, at the end).
+the caller's pool grew by since the build began, taken at each device
+allocation of the three pools and sampled where the caller's pool may have
+grown (after each launch of the level loop, after each level run by stages,
+before memory is given back, at the end).
 """
 
 from __future__ import annotations
@@ -72,11 +72,21 @@ def size_class(nbytes: int) -> int:
 
 def device_pool(cp, kind: str = ""):
     """The workspace pool of the current device (made on first use); ``kind="aside"``:
-    the pool of :meth:`Workspace.aside`."""
+    the pool of :meth:`Workspace.aside`. Its device allocations go through
+    :meth:`Workspace.before_device_allocation` of the running build."""
     key = (cp.cuda.Device().id, kind)
     pool = _pools.get(key)
     if pool is None:
-        pool = _pools[key] = cp.cuda.MemoryPool()
+        device_malloc = cp.cuda.memory._malloc
+
+        def malloc(size):
+            # (the pool counts the request in its total_bytes before calling this)
+            workspace = getattr(_active, "workspace", None)
+            if workspace is not None:
+                workspace.before_device_allocation()
+            return device_malloc(size)
+
+        pool = _pools[key] = cp.cuda.MemoryPool(malloc)
     return pool
 
 
@@ -111,12 +121,6 @@ def release_tree_blocks() -> None:
     """Give the tree pool's free blocks back (the output's block it outgrew), if a
     build is running."""
     _on_running("release_tree_blocks")
-
-
-def before_growth() -> None:
-    """The running build is about to make a block that outlives its level (the
-    tree output's growth): :meth:`Workspace.before_growth`."""
-    _on_running("before_growth")
 
 
 def pooled():
@@ -205,7 +209,6 @@ class Workspace:
         self.high_water = 0
         self._context = None
         self._every_size = 0  # depth of every_size() contexts
-        self._level_class = 0  # the largest size class of a level run by stages so far
 
     def _malloc(self, size: int):
         if self._aside:
@@ -296,23 +299,28 @@ class Workspace:
         self.sample()
         self.tree_pool.free_all_blocks()
 
-    def before_growth(self) -> None:
-        """A block that outlives the level is about to be made (the tree output
-        grows: a new block, the old one copied into it): give the unused
-        blocks back first, unless the build keeps them (``keep``).
+    def before_device_allocation(self) -> None:
+        """A workspace pool is about to ask the device for a block (its total
+        already counts it): if the footprint would then pass the build's
+        high-water mark, the pools' unused blocks go back first, unless the
+        build keeps them (``keep``). Then the mark takes the footprint.
 
-        In a large build the tree grows about once per level, and the pools
-        hold blocks of the levels before, mostly unused. Measured on an H100
-        (fresh processes; armadillo subdivided twice and three times): the
-        peak was 413 bytes per triangle without these trims, 283 with them;
-        the warm build 4-11% slower in alternating runs (the next level
-        makes its blocks again). A trim only where the growth is at least a
-        sixteenth of the footprint left the peak at 413: it is the trims
-        along the way that keep the pools small, not the one beside the
-        largest growth.
+        The pools keep what a level frees for the next levels, which mostly
+        fit in it, and give it back only where it would raise the peak. They
+        used to give everything back whenever a level of a larger size class
+        began or the tree output grew (about once a level): on an H100,
+        armadillo subdivided twice made 168 device allocations (11 GB) and
+        35 trims a build, 34 ms of host time in cudaMalloc and cudaFree while
+        the GPU waited, for a peak of 1.5 GB. Those trims kept the peak low
+        (413 bytes per triangle without them, 283 with them); this one does
+        the same where it matters, since the peak is a device allocation.
         """
-        if not self.keep:
-            self.trim()
+        if self.footprint() <= self.high_water:
+            return
+        if not self.keep and any(pool.free_bytes() for pool in self.pools):
+            for pool in self.pools:
+                pool.free_all_blocks()
+        self.high_water = max(self.high_water, self.footprint())
 
     def outputs(self):
         """A context in which allocations are the caller's (what the build returns)."""
@@ -362,17 +370,11 @@ class Workspace:
         subdivided twice: 760 bytes per triangle at the peak). Both pools
         make blocks in size classes: the next level's arrays of the same
         classes take the blocks the last one freed (its temporaries; the
-        children of the level before it). A level of a larger class than
-        every one before cannot, so the cached blocks go back first (else
-        the pools would grow by every level of the build's growing phase,
-        not by the largest one).
+        children of the level before it); a level of a larger class makes
+        new ones, and :meth:`before_device_allocation` gives the cached
+        ones back first where they would raise the peak.
         """
-        large = self.large(int(num_items) * int(itemsize))
-        level_class = size_class(max(int(num_items), 1))
-        if large and level_class > self._level_class:
-            self.release_unused()
-            self._level_class = level_class
-        return large
+        return self.large(int(num_items) * int(itemsize))
 
 
 def aligned_offsets(nbytes) -> tuple:
