@@ -319,17 +319,19 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr
 
 
 def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_ref_base,
-                   num_split, out):
+                   out):
     """R10 and make_child_nodes: the level's node records (into ``out``) and
     the children's boxes.
 
     Returns
     -------
     NodeSoA
-        The children, boxes only (their offsets come from the routing).
+        The children, boxes only (their offsets come from the routing), in
+        rows for two per node: the first ``2 * num_split`` are written (the
+        caller, who reads ``num_split`` later, cuts them out).
     """
     n = nodes.size
-    child_nodes = NodeSoA.allocate(cp, 2 * num_split, node_ref_offset=0, seg_event_offset=0)
+    child_nodes = NodeSoA.allocate(cp, 2 * n, node_ref_offset=0, seg_event_offset=0)
     launch("emit_level", _kernel("kd_emit_nodes"), n,
            (node_split, best.node_axis, best.node_pos, split_leaf_ex, nodes.node_lo,
             nodes.node_hi, i64(n), i64(level_base), i64(leaf_ref_base), *out.nodes.args(),
@@ -469,6 +471,14 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
     del ref_lr, event_lr
+    # The level's node records and its children's boxes need no count of the read
+    # below: queued before it, they keep the GPU busy while the host reads and
+    # makes the children's arrays (H100, armadillo subdivided twice: 0.37 ms of
+    # idle GPU per level, 26 levels, when they came after the read).
+    out.reserve(level_base + n, leaf_ref_base, level_base, leaf_ref_base)
+    with children():
+        child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
+                                     leaf_ref_base, out)
     with stage(xp=cp, description="read_level_counts"):
         # The one deliberate device-to-host read per level: sizes of the next level.
         if deferred is not None:
@@ -482,10 +492,9 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     # entry per triangle made armadillo subdivided twice 10% faster, but its
     # peak 418 bytes per triangle instead of 283, H100, when each growth gave
     # the pools' unused blocks back.)
-    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base, leaf_ref_base)
+    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base + n, leaf_ref_base)
+    child_nodes = child_nodes.prefix(2 * num_split)  # (the boxes of the split nodes' children)
     with children():
-        child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
-                                     leaf_ref_base, num_split, out)
         child_refs, child_events = split_refs_and_events_gpu(
             cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
             child_ref_offset, child_event_offset, num_child_refs, num_child_events,

@@ -100,7 +100,9 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     n = lvl.nodes.size
     out = TreeOutput(cp, lvl.level_base + n, lvl.leaf_ref_base + counts[3] + 1)
     child_nodes = emit_level_gpu(cp, lvl.nodes, node_split, best, split_leaf_ex, lvl.level_base,
-                                 lvl.leaf_ref_base, num_split, out)
+                                 lvl.leaf_ref_base, out)
+    assert child_nodes.size == 2 * n  # (rows for two children per node: the split ones' first)
+    child_nodes = child_nodes.prefix(2 * num_split)
     for name, got, expected in zip(("node_axis", "node_split", "node_child", "node_count"),
                                    out.nodes.args(), want["level_arrays"][:4]):
         equal(got[lvl.level_base:lvl.level_base + n], expected, f"emit_level, {where}: {name}")
