@@ -93,6 +93,23 @@ __device__ __forceinline__ void kd_small_full(const KdSmallLevel& L, unsigned lo
     atomicMin(L.counters + KD_SMALL_FULL_LEVEL, (unsigned long long)L.level);
 }
 
+// The buffers a split node's output would overflow (KD_SMALL_FULL_* bits):
+// the tree's node pair at `child`, its live children's records (slot: what
+// the records word gave, front | back << KD_SMALL_RECORDS_BACK_SHIFT) and
+// their references up to `refs_end`.
+__device__ __forceinline__ unsigned long long kd_small_split_full(const KdSmallLevel& L,
+                                                                  unsigned long long child,
+                                                                  unsigned long long slot,
+                                                                  int live,
+                                                                  unsigned long long refs_end)
+{
+    return (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
+           | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + live
+                      > (unsigned long long)L.rec_capacity
+                  ? KD_SMALL_FULL_RECORDS : 0ull)
+           | (refs_end > (unsigned long long)L.ref_capacity ? KD_SMALL_FULL_REFS : 0ull);
+}
+
 // make_child_nodes for a node split at (axis, pos) into tree nodes child and
 // child + 1 (left hi[axis] = pos, right lo[axis] = pos): a child without
 // references is a leaf now, the others the next level's records, whose
@@ -181,15 +198,9 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     unsigned cls[KD_SMALL_PER_LANE];
     int num_left = 0, num_right = 0;
     for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
-        cls[q] = 0;
-        if (tri[q] >= 0) {
-            float a = kd_pick3(blo[q], best.axis), b = kd_pick3(bhi[q], best.axis);
-            if (a == b && a == best.pos)
-                cls[q] = best.side == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
-            else if (a >= best.pos) cls[q] = KD_CLASS_RIGHT;
-            else if (b <= best.pos) cls[q] = KD_CLASS_LEFT;
-            else cls[q] = KD_CLASS_BOTH;
-        }
+        cls[q] = tri[q] >= 0 ? kd_class_of(kd_pick3(blo[q], best.axis), kd_pick3(bhi[q], best.axis),
+                                           best.pos, best.side)
+                             : 0;
         num_left += __popc(__ballot_sync(full, cls[q] & KD_CLASS_LEFT));
         num_right += __popc(__ballot_sync(full, cls[q] & KD_CLASS_RIGHT));
     }
@@ -211,12 +222,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     slot = __shfl_sync(full, slot, 0);
     first = __shfl_sync(full, first, 0);
     const unsigned long long full_bits =
-        (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
-        | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + live
-                   > (unsigned long long)L.rec_capacity
-               ? KD_SMALL_FULL_RECORDS : 0ull)
-        | (first + num_left + num_right > (unsigned long long)L.ref_capacity
-               ? KD_SMALL_FULL_REFS : 0ull);
+        kd_small_split_full(L, child, slot, live, first + num_left + num_right);
     if (full_bits) {
         if (lane == 0) kd_small_full(L, full_bits);
         return;
@@ -262,15 +268,10 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
     int num_left = 0, num_right = 0;
 #pragma unroll
     for (int q = 0; q < KD_SMALL_TINY_REFS; ++q) {
-        cls[q] = 0;
-        if (split && q < r) {
-            const float a = L.tri_lo[3 * tri[q] + best.axis], b = L.tri_hi[3 * tri[q] + best.axis];
-            if (a == b && a == best.pos)
-                cls[q] = best.side == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
-            else if (a >= best.pos) cls[q] = KD_CLASS_RIGHT;
-            else if (b <= best.pos) cls[q] = KD_CLASS_LEFT;
-            else cls[q] = KD_CLASS_BOTH;
-        }
+        cls[q] = split && q < r ? kd_class_of(L.tri_lo[3 * tri[q] + best.axis],
+                                              L.tri_hi[3 * tri[q] + best.axis], best.pos,
+                                              best.side)
+                                : 0;
         num_left += (cls[q] & KD_CLASS_LEFT) != 0;
         num_right += (cls[q] & KD_CLASS_RIGHT) != 0;
     }
@@ -298,13 +299,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
             deepest = rec.depth;
         }
     } else if (split) {
-        full_bits =
-            (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
-            | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + kids
-                   > (unsigned long long)L.rec_capacity
-                   ? KD_SMALL_FULL_RECORDS : 0ull)
-            | (first + num_left + num_right > (unsigned long long)L.ref_capacity
-                   ? KD_SMALL_FULL_REFS : 0ull);
+        full_bits = kd_small_split_full(L, child, slot, kids, first + num_left + num_right);
         if (!full_bits) {
             int l = 0, rr = num_left;
 #pragma unroll

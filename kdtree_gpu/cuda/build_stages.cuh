@@ -107,6 +107,16 @@ __device__ __forceinline__ void kd_record_deferred(long long i, const long long*
                           node_lo + 3 * i, node_hi + 3 * i);
 }
 
+// Rule R9: the class bits of a reference whose box spans [a, b] on the split
+// axis, for the plane at p whose planar references go to `side`.
+__device__ __forceinline__ unsigned char kd_class_of(float a, float b, float p, int side)
+{
+    if (a == b && a == p) return side == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
+    if (a >= p) return KD_CLASS_RIGHT;
+    if (b <= p) return KD_CLASS_LEFT;
+    return KD_CLASS_BOTH;
+}
+
 // Stage classify_triangles (R9): the class bits of a reference (0 in a leaf).
 __device__ __forceinline__ unsigned char kd_classify(int tri, int node,
                                                      const signed char* best_axis,
@@ -117,14 +127,8 @@ __device__ __forceinline__ unsigned char kd_classify(int tri, int node,
 {
     if (!node_split[node]) return 0;
     int axis = best_axis[node];
-    float p = best_pos[node];
-    float a = tri_lo[3 * tri + axis];
-    float b = tri_hi[3 * tri + axis];
-    if (a == b && a == p)
-        return best_side[node] == KD_SIDE_LEFT ? KD_CLASS_LEFT : KD_CLASS_RIGHT;
-    if (a >= p) return KD_CLASS_RIGHT;
-    if (b <= p) return KD_CLASS_LEFT;
-    return KD_CLASS_BOTH;
+    return kd_class_of(tri_lo[3 * tri + axis], tri_hi[3 * tri + axis], best_pos[node],
+                       best_side[node]);
 }
 
 __device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
