@@ -48,6 +48,49 @@ def test_keep_workspace_setting_is_checked(bad):
         GpuSettings(keep_workspace=bad)
 
 
+class _FakePool:
+    """The two numbers of a CuPy pool that the workspace's rule reads, and its trim."""
+
+    def __init__(self, used, cached):
+        self.used, self.cached, self.trims = used, cached, 0
+
+    def total_bytes(self):
+        return self.used + self.cached
+
+    def free_bytes(self):
+        return self.cached
+
+    def free_all_blocks(self):
+        self.trims += 1
+        self.cached = 0
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_peak(keep):
+    from types import SimpleNamespace
+
+    from kdtree_gpu.builder.gpu.workspace import Workspace
+
+    pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
+    ws = SimpleNamespace(pools=pools, keep=keep, high_water=300)
+    ws.footprint = lambda: sum(p.total_bytes() for p in pools)
+    # 180 held (70 of them cached): below the mark, nothing goes back
+    Workspace.before_device_allocation(ws)
+    assert [p.trims for p in pools] == [0, 0, 0] and ws.high_water == 300
+    # a request the pool already counts takes the footprint past the mark
+    pools[1].used += 200
+    Workspace.before_device_allocation(ws)
+    if keep:  # (a kept workspace gives nothing back; the mark still follows)
+        assert [p.trims for p in pools] == [0, 0, 0] and ws.high_water == 380
+    else:
+        assert [p.trims for p in pools] == [1, 1, 1] and ws.high_water == 310
+    # with nothing cached, a new peak is only recorded
+    pools[0].used += 500
+    Workspace.before_device_allocation(ws)
+    assert ws.high_water == ws.footprint()
+    assert pools[0].trims == (0 if keep else 1)
+
+
 @gpu
 def test_pooled_routes_every_size_to_the_running_build_only():
     import cupy
