@@ -15,8 +15,8 @@ and that returns its memory to the device when the build ends, and before
 a device allocation that would otherwise raise the build's peak
 (:meth:`Workspace.before_device_allocation`). Smaller allocations (many,
 cheap to keep, about a millisecond per build to make anew) and the tree
-itself go to the caller's allocator
-(CuPy's default pool unless the caller set another), as before; inside
+itself go to the caller's allocator (CuPy's default pool unless the caller
+set another), as before; inside
 :func:`pooled` every size goes to the workspace pool (the triangles' boxes,
 the root level, the deferral records and the subtree stage's buffers, which
 go back with the build; the children of a large level run by stages come
