@@ -265,6 +265,17 @@ def _gpu_product_name(index: int) -> str:
     return name.decode(errors="replace") if isinstance(name, bytes) else str(name)
 
 
+@functools.lru_cache(maxsize=None)
+def multiprocessors(index: int) -> int:
+    """GPU ``index``'s multiprocessor count, asked once per GPU and process
+    (CuPy's ``Device.attributes`` asks the driver for every attribute: tens
+    of microseconds in each build that launches a grid sized from it)."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, index))
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

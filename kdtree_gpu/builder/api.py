@@ -179,7 +179,6 @@ def _build_levels(vertices, faces, cfg, dev, kernels, settings) -> KdTree:
             arrays, layout, info = build_levels_cuda(
                 xp, cfg, V, F, loop="grid" if kernels == "fused" else "stages", settings=settings)
         bounds = info.pop("bounds")
-        arrays["bounds"] = xp.asarray(bounds, dtype=np.float32).reshape(2, 3)
         tree = KdTree._from_builder(arrays, f"cuda:{layout.device_id}", cfg,
                                     info.pop("num_degenerate"), {"builder": "levels", **info},
                                     host_bounds=bounds)

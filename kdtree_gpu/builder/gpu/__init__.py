@@ -37,7 +37,7 @@ from .level_stages import build_level_stages
 from .output import TreeOutput, grown
 from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
 from .small import build_small_subtrees
-from .workspace import Workspace, pooled
+from .workspace import Workspace, pooled, uploaded
 
 
 @dataclasses.dataclass
@@ -101,7 +101,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     -------
     arrays : dict
         The tree on the device, at its exact sizes: node_axis, node_split,
-        node_child, node_count, leaf_tris, and the mesh (vertices, faces).
+        node_child, node_count, leaf_tris, the mesh (vertices, faces) and
+        its box (bounds, (2, 3) float32).
     layout : TraversalLayout
         Packed for the traversal kernel (:mod:`kdtree_gpu.trace.gpu`), so
         that the first query launches nothing else.
@@ -128,18 +129,30 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     V_d, F_d = cp.asarray(V), cp.asarray(F)
     workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace)
     with workspace:
+        grid_loop = None
+        if loop == "grid" and settings.level_loop:
+            grid_loop = level_loop_kernel(cp, cfg.clip)
+        # A build the loop runs from the root (at most 6 events per triangle)
+        # defers into records cut from the triangles' boxes' block, as many as
+        # the loop would make (build_levels_grid).
+        m = int(F_d.shape[0])
+        records = 0
+        if grid_loop is not None and 6 * m <= settings.loop_max_events \
+                and settings.small_refs_for(m) and not cfg.clip:
+            records = settings.small_records or max(1024, m // 4)
         # The triangles' boxes and the root level are temporaries of every size
         # from the workspace pool: made in the caller's, they stayed cached
         # there after the build (H100, bunny: the end of the build was its
         # peak, 128 bytes per triangle beside the tree, its layout and the mesh).
         with stage(xp=cp, description="prepare_mesh"), pooled():
-            _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate = \
-                prepare_mesh_cuda(cp, V_d, F_d)
+            _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate, deferred = \
+                prepare_mesh_cuda(cp, V_d, F_d, records)
+        # The tree's box, uploaded now from pinned memory (queued: at the end, a
+        # pageable upload waited for the whole build)
+        with workspace.outputs():
+            bounds_d, bounds_staged = uploaded(cp, bounds.astype(np.float32).reshape(2, 3))
         num_root = refs.size
         max_depth = cfg.resolved_max_depth(num_root)
-        grid_loop = None
-        if loop == "grid" and settings.level_loop:
-            grid_loop = level_loop_kernel(cp, cfg.clip)
         # The root events go straight into the level loop's buffers when it runs from the root.
         first = None
         if grid_loop is not None:
@@ -151,9 +164,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                                              segments=cfg.clip)
         # (the small-node kernel does not clip: with clip=True no node is deferred)
         state = LoopState(events, refs, nodes, workspace=workspace,
-                          buffers=first and first[0],
+                          buffers=first and first[0], deferred=deferred,
                           small_refs=0 if cfg.clip else settings.small_refs_for(num_root))
-        del events, refs, nodes, first  # the state holds the root level while it is needed
+        del events, refs, nodes, first, deferred  # the state holds them while they are needed
         # grown as levels are written (the level loop reserves its share up front)
         out = TreeOutput(cp)
         while not state.done:
@@ -182,7 +195,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         layout = pack_layout(cp, *(arrays[name] for name in (
             "node_axis", "node_split", "node_child", "node_count", "leaf_tris")), V_d, F_d, bounds)
     workspace.sample()
-    arrays.update(vertices=V_d, faces=F_d)
+    del bounds_staged  # (the build's reads passed its copy)
+    arrays.update(vertices=V_d, faces=F_d, bounds=bounds_d)
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "loop_blocks": state.loop_blocks,

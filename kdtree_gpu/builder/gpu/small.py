@@ -21,10 +21,11 @@ from __future__ import annotations
 import numpy as np
 
 from ... import encoding as enc
+from ...device import multiprocessors
 from ...kernels import get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings, TreeNodeSoA
-from .workspace import arrays_in_one_block, lasting, pooled
+from .workspace import arrays_in_one_block, lasting, pooled, uploaded
 
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
@@ -77,7 +78,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         return -1
     kernel = get_function(_SOURCE, "kd_build_small_level")
     loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs)
-    sms = cp.cuda.Device().attributes["MultiProcessorCount"]
+    sms = multiprocessors(cp.cuda.Device().id)
     per_block = enc.SMALL_BLOCK // 32
     blocks = (min(num, WARPS_PER_SM * sms) + per_block - 1) // per_block
     levels = max_depth + 1  # every depth a deferred node's descendant can have
@@ -106,7 +107,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     buffers = [(records[0], refs[0]), (records[1], refs[1])]
     del records, refs
     first = 0
-    counters = cp.asarray(sizes)
+    # (queued: a pageable upload would wait for the tree's copy queued above;
+    # the pinned copy is kept until the read below has passed it)
+    counters, staged = uploaded(cp, sizes)
     while True:
         # the tree's pages change only between runs: their kernel arguments are
         # made once per run, not once per level (two structs: tens of
@@ -168,7 +171,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         counters.set(sizes)
         # the blocks made again go back (the read left nothing running)
         state.workspace.release_unused()
-    del buffers
+    del buffers, staged  # (the first read passed the pinned copy)
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
     live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_RECORDS]))
     state.small_level_sizes = [(level_records(r[enc.SMALL_LEVEL_RECORDS]),
