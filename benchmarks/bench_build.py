@@ -79,6 +79,22 @@ def subdivide(V, F):
     return np.concatenate([V, mid]).astype(np.float32), F2.astype(np.int32)
 
 
+def timed_build(V, F, **kwargs):
+    """One ``kd.build(V, F, **kwargs)`` between two CUDA events, synchronized after
+    (the probes' timelines): ``(host clock at the call, host ms until the call
+    returned, start event, end event)``."""
+    import cupy
+
+    start, end = cupy.cuda.Event(), cupy.cuda.Event()
+    t0 = time.perf_counter()
+    start.record()
+    kd.build(V, F, **kwargs)
+    end.record()
+    host_ms = 1e3 * (time.perf_counter() - t0)
+    end.synchronize()
+    return t0, host_ms, start, end
+
+
 def load(spec, mesh_dir):
     name, _, sub = spec.partition("@sub")
     V, F = kd.load_mesh(str(Path(mesh_dir) / f"{name}.ply"))

@@ -21,8 +21,7 @@ import time
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import cupy
 
-import kdtree_gpu as kd
-from bench_build import load
+from bench_build import load, timed_build
 from kdtree_gpu.builder.settings import GpuSettings
 
 calls = []  # [depth, name, start, end, inner]
@@ -92,17 +91,11 @@ def one(V, F, settings, show):
     global calls
     calls = []
     cupy.cuda.Device().synchronize()
-    start_ev, end_ev = cupy.cuda.Event(), cupy.cuda.Event()
     on[0] = show
-    t0 = time.perf_counter()
-    start_ev.record()
-    kd.build(V, F, settings=settings)
-    end_ev.record()
-    t1 = time.perf_counter()
-    end_ev.synchronize()
-    t2 = time.perf_counter()
+    t0, host_ms, start_ev, end_ev = timed_build(V, F, settings=settings)
+    wall_ms = (time.perf_counter() - t0) * 1e3
     on[0] = False
-    return t0, (t1 - t0) * 1e3, (t2 - t0) * 1e3, cupy.cuda.get_elapsed_time(start_ev, end_ev)
+    return t0, host_ms, wall_ms, cupy.cuda.get_elapsed_time(start_ev, end_ev)
 
 
 def main():

@@ -20,11 +20,10 @@ import time
 
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import cupy
-import numpy as np
 
 import kdtree_gpu as kd
 from kdtree_gpu import launch as launch_mod
-from bench_build import load
+from bench_build import load, timed_build
 
 records = []
 _add_events = launch_mod.Profiler.add_events
@@ -40,13 +39,7 @@ launch_mod.Profiler.add_events = add_events
 
 def timeline(V, F, top=25):
     records.clear()
-    ref, done = cupy.cuda.Event(), cupy.cuda.Event()
-    t0 = time.perf_counter()
-    ref.record()
-    kd.build(V, F, profile=True)
-    done.record()
-    t1 = time.perf_counter()
-    done.synchronize()
+    t0, host_ms, ref, done = timed_build(V, F, profile=True)
     rows = []
     for desc, start, end, host, nested in records:
         if nested:
@@ -62,8 +55,8 @@ def timeline(V, F, top=25):
             gaps.append((s - reach, prev, desc, s, host))
         reach = max(reach, e)
         prev = desc
-    gaps.append((span - reach, prev, "(end)", span, 1000 * (t1 - t0)))
-    print(f"  span {span:.2f} ms (host {1000 * (t1 - t0):.2f}), records {len(rows)}, "
+    gaps.append((span - reach, prev, "(end)", span, host_ms))
+    print(f"  span {span:.2f} ms (host {host_ms:.2f}), records {len(rows)}, "
           f"busy {busy:.2f}, idle {sum(g[0] for g in gaps):.2f}")
     by_next = {}
     for g in gaps:
