@@ -181,6 +181,7 @@ NO_INDEX = 0xFFFFFFFFFFFFFFFF
 
 # --- launch shapes shared by a driver and its kernels ---------------------------
 SCAN_BLOCK = 256  # threads of the block scans and of the three-launch scan
+LAUNCH_BLOCK = 256  # threads per block of launch.launch's default (one item a thread)
 SCAN_ITEMS = 8  # items per thread of a scan tile
 SCAN_TILE = SCAN_BLOCK * SCAN_ITEMS
 SCAN_SMALL = 8 * SCAN_TILE  # up to this size one block scans a whole array

@@ -42,7 +42,7 @@ import sys
 import time
 from typing import Optional
 
-DEFAULT_BLOCK = 256
+from .encoding import LAUNCH_BLOCK as DEFAULT_BLOCK
 # Pending event pairs above this count are converted to times when they are
 # done (a non-blocking query), so a long run does not hold unbounded events.
 _MAX_PENDING_EVENTS = 2048

@@ -49,7 +49,9 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // null, the cost's two halves instead); with seg_best, the lowest event index at
 // that minimum (rule R8's tie-break) into seg_best, computing again only the
 // costs whose key is the minimum's (4 bytes per event, not 8).
-extern "C" __global__ void kd_split_costs(const float* __restrict__ event_pos,
+// Six blocks a multiprocessor: 40 registers (8 bytes spilled), where 46
+// allowed five (62.5% occupancy); the pass waits mostly on dependent loads.
+extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6) kd_split_costs(const float* __restrict__ event_pos,
                                           const int* __restrict__ event_seg,
                                           const int* __restrict__ event_ref,
                                           const int* __restrict__ ref_node,
