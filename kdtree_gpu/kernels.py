@@ -144,7 +144,8 @@ def write_defines_header(path) -> Path:
 
 
 def kernel_parameters(filename: str, name: str) -> tuple:
-    """A kernel's parameter list as its definition in ``kdtree_gpu/cuda/<filename>`` declares it.
+    """A kernel's parameter list as its definition in ``kdtree_gpu/cuda/<filename>`` declares it
+    (a parameter macro may come from a package header the file includes).
 
     Returns
     -------
@@ -159,17 +160,30 @@ def kernel_parameters(filename: str, name: str) -> tuple:
     """
     import re
 
-    text = (CUDA_DIR / filename).read_text()
-    # comments may hold parentheses and commas: drop them first; then join a
-    # macro's continued lines
-    text = re.sub(r"//[^\n]*|/\*.*?\*/", " ", text, flags=re.S).replace("\\\n", " ")
+    def read(name):
+        # comments may hold parentheses and commas: drop them first; then join a
+        # macro's continued lines
+        code = (CUDA_DIR / name).read_text()
+        return re.sub(r"//[^\n]*|/\*.*?\*/", " ", code, flags=re.S).replace("\\\n", " ")
+
+    text = read(filename)
     # the definition: the name, its parameters, the body's brace (template
     # instantiations end with ';', calls sit inside bodies with no brace after)
     match = re.search(r"\b" + re.escape(name) + r"\s*\(([^)]*)\)\s*\{", text)
     if match is None:
         raise ValueError(f"no definition of kernel {name!r} in {filename}")
-    # a macro of the file may stand for several parameters (kernels that share them)
-    macros = dict(re.findall(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+([^\n]*)", text, flags=re.M))
+    # a macro of the file, or of a package header it includes (and so on), may
+    # stand for several parameters (kernels that share them)
+    macros, seen, files = {}, {filename}, [text]
+    while files:
+        code = files.pop()
+        for macro, value in re.findall(r"^[ \t]*#[ \t]*define[ \t]+(\w+)[ \t]+([^\n]*)", code,
+                                       flags=re.M):
+            macros.setdefault(macro, value)  # (the file's own first)
+        for header in re.findall(r'^[ \t]*#[ \t]*include[ \t]+"([\w.]+)"', code, flags=re.M):
+            if header not in seen and (CUDA_DIR / header).is_file():
+                seen.add(header)
+                files.append(read(header))
     listed = []
     for item in match.group(1).split(","):
         listed += macros[item.strip()].split(",") if item.strip() in macros else [item]

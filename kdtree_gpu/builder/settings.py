@@ -103,6 +103,16 @@ class GpuSettings:
         move memory faster than the loop's fixed grid (measured on an H200:
         the loop wins up to a few million events per level and loses about
         20% at tens of millions).
+    loop_one_block_events : int
+        Builds whose root level has at most this many events (and no
+        perfect splits) run the level-loop kernel compiled for one block a
+        multiprocessor (128 registers, no spills; cheaper grid barriers),
+        the others the kernel of two blocks (64 registers; twice the warps to
+        hide memory latency on large levels). Measured on an H100 (the
+        loop's GPU time, one block against two): bunny (417k root events)
+        1.71 against 1.96-2.01 ms, happy Buddha (600k) 2.30 against 2.57,
+        conference (1.98M) 9.5 against 8.2, armadillo (2.08M) 6.2 against 5.6
+        (benchmarks/results/loop_one_block_h100.md). 0: always two.
     small_level : int
         Stage levels whose arrays all have fewer items run the block-wide
         kernels (one launch for several stages; launch overhead dominates
@@ -170,6 +180,7 @@ class GpuSettings:
 
     level_loop: bool = True
     loop_max_events: int = 1 << 23
+    loop_one_block_events: int = 1 << 20
     small_level: int = 1 << 16
     loop_capacity: object = None
     small_refs: int = enc.SMALL_MAX_REFS
@@ -202,6 +213,7 @@ class GpuSettings:
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_min_refs": (0, None),
+                  "loop_one_block_events": (0, None),
                   "small_records": (0, None),
                   "workspace_block": (1, None), "loop_blocks": (0, None),
                   "clip_segment": (0, None)}

@@ -109,7 +109,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
         ran, else "stages"), loop_launches, loop_blocks (the cooperative
-        grid of each launch), stage_levels (the levels run with
+        grid of each launch), loop_kernel (the level-loop kernel's name, None
+        when it did not run), stage_levels (the levels run with
         one launch per stage), small_subtrees (nodes whose subtree one warp
         built), small_runs_full (for each run of the subtree levels that
         found buffers full: the first level that did, from which the levels
@@ -153,11 +154,14 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             bounds_d, bounds_staged = uploaded(cp, bounds.astype(np.float32).reshape(2, 3))
         num_root = refs.size
         max_depth = cfg.resolved_max_depth(num_root)
+        root_events = root_event_count(num_root, planar)
+        if grid_loop is not None and root_events <= settings.loop_one_block_events:
+            # small levels: the kernel of one block a multiprocessor (settings)
+            grid_loop = level_loop_kernel(cp, cfg.clip, one_block=True) or grid_loop
         # The root events go straight into the level loop's buffers when it runs from the root.
         first = None
         if grid_loop is not None:
-            first = root_loop_buffers(cp, cfg, settings, root_event_count(num_root, planar),
-                                      num_root, grid_loop[1])
+            first = root_loop_buffers(cp, cfg, settings, root_events, num_root, grid_loop[1])
         with stage(xp=cp, description="create_root_events"):
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
                                              out=first and first[1], scratch=first and first[2],
@@ -200,6 +204,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "loop_blocks": state.loop_blocks,
+            "loop_kernel": grid_loop[0].name if grid_loop is not None and state.launches
+            else None,
             "stage_levels": state.stage_levels,
             "small_subtrees": state.num_deferred, "small_runs_full": state.small_runs_full,
             "small_level_sizes": state.small_level_sizes,

@@ -138,6 +138,7 @@ TIGHT = GpuSettings(loop_capacity=tight_loop_capacity)
 # small-node stage, which only the level-loop kernel uses, takes levels away)
 ALL_LEVELS = GpuSettings(small_refs=0)
 TIGHT_ALL_LEVELS = GpuSettings(loop_capacity=tight_loop_capacity, small_refs=0)
+TWO_BLOCKS = GpuSettings(loop_one_block_events=0)
 
 
 @gpu
@@ -154,6 +155,14 @@ def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed):
     assert_same_tree(reference, whole)
     assert whole.build_info["level_loop"] == "grid"
     assert whole.build_info["loop_launches"] == 1
+    # small levels run the kernel of one block a multiprocessor; the kernel of
+    # two (large levels) makes the same tree, level for level
+    assert whole.build_info["loop_kernel"] == "kd_build_levels_grid_one_block"
+    dirty_device_pool()
+    two = kd.build(V, F, cfg, device="cuda", settings=TWO_BLOCKS)
+    assert_same_tree(reference, two)
+    assert two.build_info["loop_kernel"] == "kd_build_levels_grid"
+    assert two.build_info["level_sizes"] == whole.build_info["level_sizes"]
     dirty_device_pool()
     grown = kd.build(V, F, cfg, device="cuda", settings=TIGHT)
     assert_same_tree(reference, grown)
@@ -277,10 +286,12 @@ def test_gpu_level_loop_grid_fits_the_device():
 
     from kdtree_gpu import encoding as enc
 
-    kernel, grid = level_loop.level_loop_kernel(cupy)
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    assert grid % sms == 0 and grid >= sms
-    assert kernel.num_regs * enc.LOOP_BLOCK * (grid // sms) <= 65536
+    for one_block in (False, True):
+        kernel, grid = level_loop.level_loop_kernel(cupy, one_block=one_block)
+        assert grid % sms == 0 and grid >= sms
+        assert kernel.num_regs * enc.LOOP_BLOCK * (grid // sms) <= 65536
+        assert grid == sms if one_block else grid >= 2 * sms
 
 
 @gpu
@@ -297,7 +308,9 @@ def test_gpu_level_loop_grid_does_not_change_the_tree(blocks, scene, mesh_path):
     settings = GpuSettings(loop_blocks=blocks)
     tree = kd.build(V, F, device="cuda", settings=settings)
     assert_same_tree(cpu_reference.build(V, F), tree)
-    resident = level_loop.level_loop_kernel(cupy)[1]
+    # (the kernel the build ran: one or two blocks a multiprocessor)
+    one_block = tree.build_info["loop_kernel"] == "kd_build_levels_grid_one_block"
+    resident = level_loop.level_loop_kernel(cupy, one_block=one_block)[1]
     grids = tree.build_info["loop_blocks"]
     assert len(grids) == tree.build_info["loop_launches"] >= 1
     assert all(1 <= g <= resident for g in grids)

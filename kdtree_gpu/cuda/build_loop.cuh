@@ -1,0 +1,500 @@
+// The level loop of the SAH kd-tree builder in one cooperative launch
+// (kdtree_gpu/builder/gpu/level_loop.py, build_levels_grid).
+//
+// One launch per stage costs the host a launch, allocations and, per level,
+// a read of the next level's sizes: small and mid-size builds are bound by
+// that host work, not by the GPU. This kernel runs the same stage functions
+// (build_stages.cuh) level after level in one launch of as many blocks as fit
+// on the device at once, with a grid barrier where a launch would end (about
+// 1 us on an H200, against 4.5 us of host time per launch), and it sizes each
+// level on the device.
+//
+// Levels live in two buffers of fixed capacity (ping-pong: slot s of an array
+// starts at s * its capacity). A level whose children, or whose part of the
+// tree, would not fit stops the loop before the level writes anything; the
+// status record says where it stopped and what it needs, and the host
+// launches again from that level with larger buffers (or, for children of
+// more than max_level_events events, runs that level one stage per launch).
+//
+// The loop's body; build_loop.cu and build_loop_one_block.cu hold its
+// entry points, compiled with different register budgets.
+#pragma once
+#include <cooperative_groups.h>
+
+#include "clip.cuh"
+
+namespace cg = cooperative_groups;
+
+// body(i) for i in [0, n), grid-strided, with the same trip count in every
+// lane of a warp so that every lane reaches the warp collectives of the cost
+// and arg-min passes.
+template <typename Body>
+__device__ __forceinline__ void kd_grid_for(long long n, Body body)
+{
+    const long long stride = (long long)gridDim.x * KD_LOOP_BLOCK;
+    for (long long base = (long long)blockIdx.x * KD_LOOP_BLOCK; base < n; base += stride)
+        body(base + threadIdx.x);
+}
+
+// Grid-wide inclusive scan of n values load(i) into out, in two halves with a
+// grid barrier between them, so that several scans (and other work) share
+// their barriers. Block b owns the contiguous chunk [begin, end) of the input.
+// Returns the chunk size (every block's but the last ones').
+__device__ __forceinline__ long long kd_grid_chunk(long long n, long long* begin, long long* end)
+{
+    long long chunk = (n + gridDim.x - 1) / gridDim.x;
+    long long b = (long long)blockIdx.x * chunk;
+    *begin = b < n ? b : n;
+    *end = b + chunk < n ? b + chunk : n;
+    return chunk;
+}
+
+// First half: block_sum[block] = the sum of the block's chunk.
+template <typename Load>
+__device__ __forceinline__ void kd_grid_scan_sums(Load load, long long n, long long* block_sum)
+{
+    long long begin, end;
+    kd_grid_chunk(n, &begin, &end);
+    long long sum = 0;
+    for (long long i = begin + threadIdx.x; i < end; i += KD_LOOP_BLOCK) sum += load(i);
+    long long total;
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(sum, &total);
+    if (threadIdx.x == 0) block_sum[blockIdx.x] = total;
+}
+
+// The block's chunk (its size returned) and the sum of the chunks before it.
+__device__ __forceinline__ long long kd_grid_scan_carry(long long n, const long long* block_sum,
+                                                        long long* begin, long long* end,
+                                                        long long* carry)
+{
+    const long long chunk = kd_grid_chunk(n, begin, end);
+    long long before = 0;
+    for (long long b = threadIdx.x; b < blockIdx.x; b += KD_LOOP_BLOCK) before += block_sum[b];
+    kd_block_exclusive_scan<KD_LOOP_BLOCK>(before, carry);
+    return chunk;
+}
+
+// Second half (after a grid barrier): each block scans its chunk, starting
+// from the sum of the chunks before it.
+template <typename Load>
+__device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
+                                                    const long long* block_sum, long long* out)
+{
+    long long begin, end, carry;
+    kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
+    kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
+}
+
+// The same, stored chunked (KdPackedScan: a level's flag scans take 4 bytes
+// an item, not 8): each block's counts since its chunk began, and the scan's
+// value before the chunk in chunk_base[block]. The host sizes the grid so
+// that a chunk holds at most KD_SCAN_CHUNK_MAX items (level_loop.loop_grid).
+template <typename Load>
+__device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
+    Load load, long long n, const long long* block_sum, unsigned int* local,
+    long long* chunk_base)
+{
+    long long begin, end, carry;
+    const long long chunk = kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
+    if (threadIdx.x == 0) chunk_base[blockIdx.x] = carry;
+    kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry,
+                                             KdStoreChunkLocal{local, carry});
+    return KdPackedScan(local, chunk_base, chunk);
+}
+
+// The packed (left, right) flags of event i - 1, read from the class of its
+// reference, and 0 for i = 0: the scan input of route_events, computed as
+// the scan loads it (the per-stage path writes the same flags into an array
+// first: kd_event_routes in build.cu). With perfect splits a straddling
+// reference's events go to no child (KdClassifyArgs).
+struct KdLoadEventLR {
+    const int* event_ref;
+    const unsigned char* ref_class;
+    int clip;
+    __device__ long long operator()(long long i) const
+    {
+        return i == 0 ? 0 : kd_event_lr(ref_class[event_ref[i - 1]], clip);
+    }
+};
+
+// The same for reference i - 1 (route_refs), which goes to each child it overlaps.
+struct KdLoadRefLR {
+    const unsigned char* ref_class;
+    __device__ long long operator()(long long i) const
+    {
+        return i == 0 ? 0 : kd_pack_lr(ref_class[i - 1]);
+    }
+};
+
+// --- perfect splits (cfg.clip) in the loop -------------------------------------
+// The per-stage path (clip.cu) orders a level's new events with one radix sort
+// and merges them into the kept ones by binary search. The loop has no sort:
+// each child segment's new events are listed in any order, and each new event
+// counts the new events of its segment with a smaller key (quadratic in the
+// segment's count, which LoopSettings.clip_segment bounds: a level with a
+// larger segment goes back to the per-stage path) and finds the kept events
+// before it by a binary search in its parent segment, whose events are in the
+// same order as the child's (a child keeps its references' order). Keys are
+// unique in a segment: kd_clip_key with the reference's index in the parent level.
+
+// Where the loop ended (encoding.LOOP_*): done, or stopped before `level`,
+// whose sizes are given and which lives in level buffer `buffer`.
+__device__ __forceinline__ void kd_write_loop_status(long long* status, long long state,
+                                                     long long level, long long n,
+                                                     long long num_refs, long long num_events,
+                                                     long long level_base,
+                                                     long long leaf_ref_base, int buffer)
+{
+    status[KD_LOOP_STATE] = state;
+    status[KD_LOOP_LEVEL] = level;
+    status[KD_LOOP_NODES] = n;
+    status[KD_LOOP_REFS] = num_refs;
+    status[KD_LOOP_EVENTS] = num_events;
+    status[KD_LOOP_LEVEL_BASE] = level_base;
+    status[KD_LOOP_LEAF_BASE] = leaf_ref_base;
+    status[KD_LOOP_BUFFER] = buffer;
+}
+
+// Pointers are neither const nor __restrict__ where an array is written by
+// one pass and read by a later pass of the same launch: such loads must not
+// go through the read-only cache. The structs are generated from the
+// declarations in kdtree_gpu/builder/soa.py (the level buffers hold two
+// levels: slot s of an array starts at s times its capacity).
+#define KD_LOOP_PARAMS                                                                        \
+    const float *__restrict__ tri_lo, const float *__restrict__ tri_hi,                       \
+        const float *__restrict__ vertices, /* the mesh: read when clipping */                \
+        const int *__restrict__ faces, KdEvents start_events, KdRefs start_refs,              \
+        KdNodes start_nodes, KdLevelSizes start, /* the level to start from (read only) */    \
+        KdEvents lvl_events, KdRefs lvl_refs, KdNodes lvl_nodes, /* two levels */             \
+        KdLevelScratch s, /* the level's scratch arrays, sized by the capacities */           \
+        long long *block_sum, /* (5, gridDim.x) */                                            \
+        KdTreeNodes out, int *leaf_tris, /* the tree */                                       \
+        int *deferred, /* (cap.deferred, KD_SMALL_RECORD) small nodes left for later */       \
+        KdLoopCapacity cap, KdLoopSettings cfg,                                               \
+        long long *status /* KD_LOOP_SLOTS + 3 * (max_depth + 1) */
+#define KD_LOOP_ARGS                                                                           \
+    tri_lo, tri_hi, vertices, faces, start_events, start_refs, start_nodes, start, lvl_events, \
+        lvl_refs, lvl_nodes, s, block_sum, out, leaf_tris, deferred, cap, cfg, status
+
+// The loop's body, once without and once with perfect splits (CLIP): the
+// plain build's kernel is compiled without the clipping code (its stack
+// arrays and registers).
+template <bool CLIP>
+__device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
+{
+    cg::grid_group grid = cg::this_grid();
+    const long long cap_events = cap.events, cap_refs = cap.refs, cap_nodes = cap.nodes;
+    const long long max_depth = cfg.max_depth, leaf_size = cfg.leaf_size;
+    const int longest_only = cfg.longest_only;
+    const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
+    const double empty_bonus = cfg.empty_bonus;
+    constexpr int clip = CLIP;
+    const float* pos = start_events.event_pos;
+    const signed char* kind = start_events.event_kind;
+    const int* ref = start_events.event_ref;
+    // (start_events.event_seg is not read: the loop derives segments, KdEventSegment)
+    const int* tri = start_refs.ref_tri;
+    const int* node = start_refs.ref_node;
+    const float* lo = start_nodes.node_lo;
+    const float* hi = start_nodes.node_hi;
+    const long long* node_ref_offset = start_nodes.node_ref_offset;
+    const long long* seg_event_offset = start_nodes.seg_event_offset;
+    long long n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
+    long long level = start.level, level_base = start.level_base;
+    long long leaf_ref_base = start.leaf_ref_base;
+    int cur = -1;  // the slot of the current level; the start level's arrays are apart
+    // the slot the start level's events lie in (the root's are decoded into
+    // the buffers), which its children must not overwrite; -1: none
+    const int start_slot = (int)start.slot;
+    const long long ref_offset_cap = 2 * cap_nodes + 1, seg_offset_cap = 6 * cap_nodes + 1;
+    long long* sums0 = block_sum;
+    long long* sums1 = block_sum + gridDim.x;
+    long long* sums2 = block_sum + 2 * gridDim.x;
+    long long* event_base = block_sum + 3 * gridDim.x;  // chunk bases of the chunked scans
+    long long* ref_base = block_sum + 4 * gridDim.x;
+    const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
+    for (;;) {
+        const int nxt = (cur < 0 ? start_slot : cur) == 0 ? 1 : 0;
+        long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
+        long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
+        long long* child_ref_count = s.child_count;
+        long long* child_event_count = s.child_count + 2 * n + 1;
+        const int level_active = level < max_depth;
+        const long long num_items = num_refs > num_events ? num_refs : num_events;
+
+        // compute_split_costs (R5-R7)
+        if (leader) {
+            status[KD_LOOP_DEFER_LEVEL] = 0;
+            status[KD_LOOP_CLIP_SEGMENT] = 0;
+        }
+        kd_grid_for(3 * n, [&](long long i) {
+            if (i < 3 * n) {
+                s.seg_min_cost[i] = KD_INF_BITS;
+                s.seg_best[i] = KD_NO_INDEX;
+            }
+        });
+        KdLoadOpenClose open_close = {kind};
+        kd_grid_scan_sums(open_close, num_events + 1, sums0);
+        grid.sync();
+        // s.event_scan holds this scan until the cost pass, then the routing's
+        KdPackedScan event_scan = kd_grid_scan_finish_chunked(open_close, num_events + 1, sums0,
+                                                              s.event_scan, event_base);
+        grid.sync();
+        // The costs and sides live in the next level's slot until its scatter
+        // (the slot holds at least this level's events: both have cap_events)
+        const KdEventCosts event_cost = {(unsigned int*)(lvl_events.event_ref + nxt * cap_events),
+                                         (unsigned int*)(lvl_events.event_pos + nxt * cap_events)};
+        signed char* event_side = lvl_events.event_kind + nxt * cap_events;
+        // segments derived, not stored (the buffers hold no event_seg rows)
+        const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
+        KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
+                           n, num_events, leaf_size, level_active, longest_only, k_traversal,
+                           k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost,
+                           nullptr};
+        kd_grid_for(num_events, [&](long long e) {
+            kd_split_cost_event(cost, e);
+            // with perfect splits, each reference's box in its node (R2)
+            if (clip && e < num_events)
+                kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
+        });
+        grid.sync();
+        // select_best_splits and decide_leaves (R4, R8)
+        kd_grid_for(num_events, [&](long long e) {
+            kd_argmin_event(event_cost, seg, s.seg_min_cost, num_events, s.seg_best, e);
+        });
+        grid.sync();
+        KdSelectArgs select = {s.seg_best, event_cost, pos, event_side, node_ref_offset, n,
+                               leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
+                               s.best_pos, s.best_side, s.node_split, s.split_leaf, nullptr};
+        kd_grid_for(n, [&](long long i) {
+            if (i >= n) return;
+            kd_select_node(select, i);
+            if (kd_defer_small(select, i, cfg.small_refs))
+                atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_LEVEL], 1ull);
+        });
+        kd_grid_for(8 * n + 2, [&](long long i) {
+            if (i < 8 * n + 2) s.child_count[i] = 0;
+            if (clip && i < 6 * n + 1) s.new_count[i] = 0;
+            if (clip && i < 6 * n) s.new_cursor[i] = 0;
+        });
+        grid.sync();
+        // classify_triangles (R9), beside the first half of the scan of the
+        // (split, leaf count) values
+        // (with perfect splits the references' own boxes, one row per reference)
+        KdClassifyArgs classify = {tri, node, s.best_axis, s.best_pos, s.best_side,
+                                   s.node_split, clip ? s.ref_lo : tri_lo,
+                                   clip ? s.ref_hi : tri_hi, num_refs, s.ref_class, nullptr,
+                                   clip};
+        kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
+        kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
+        grid.sync();
+        // route_refs and route_events: the flag scans, the child counts and
+        // the scans of the child counts into the children's offsets
+        kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
+        const KdLoadRefLR ref_lr = {s.ref_class};
+        kd_grid_scan_sums(ref_lr, num_refs + 1, sums1);
+        const KdLoadEventLR event_lr = {ref, s.ref_class, clip};
+        kd_grid_scan_sums(event_lr, num_events + 1, sums2);
+        grid.sync();
+        const KdPackedScan ref_lr_ex = kd_grid_scan_finish_chunked(ref_lr, num_refs + 1, sums1,
+                                                                   s.ref_lr_ex, ref_base);
+        event_scan = kd_grid_scan_finish_chunked(event_lr, num_events + 1, sums2, s.event_scan,
+                                                 event_base);
+        const long long split_count = KD_LOW(s.split_leaf_ex[n]);
+        if (clip) {
+            // Perfect splits: each straddling reference clipped to both
+            // children (copy rows 2r, 2r + 1), and its new events counted per
+            // child segment (after a leading 0, as the child counts).
+            kd_grid_for(num_refs, [&](long long r) {
+                if (r >= num_refs || s.ref_class[r] != KD_CLASS_BOTH) return;
+                const int nd = node[r];
+                const int* f = faces + 3 * (long long)tri[r];
+                for (int side = 0; side < 2; ++side) {
+                    float child_lo[3], child_hi[3];
+                    kd_child_box(lo, hi, nd, s.best_axis[nd], s.best_pos[nd], side, child_lo,
+                                 child_hi);
+                    float* copy_lo = s.copy_lo + 3 * (2 * r + side);
+                    float* copy_hi = s.copy_hi + 3 * (2 * r + side);
+                    kd_clip_child_box(vertices + 3 * (long long)f[0],
+                                      vertices + 3 * (long long)f[1],
+                                      vertices + 3 * (long long)f[2], s.ref_lo + 3 * r,
+                                      s.ref_hi + 3 * r, child_lo, child_hi, copy_lo, copy_hi);
+                    for (int k = 0; k < 3; ++k) {
+                        long long c = kd_child_group(k * n + nd, n, s.split_leaf_ex,
+                                                     split_count) + side;
+                        atomicAdd((unsigned long long*)&s.new_count[c + 1],
+                                  copy_lo[k] == copy_hi[k] ? 1ull : 2ull);
+                    }
+                }
+            });
+        }
+        grid.sync();
+        KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_scan,
+                             s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
+        kd_grid_for(4 * n, [&](long long t) {
+            if (t >= 4 * n) return;
+            kd_child_count(route, t);
+            if (clip && t >= n && s.node_split[(t - n) % n]) {
+                // a child segment holds its kept and its new events
+                long long c = kd_child_group(t - n, n, s.split_leaf_ex, split_count);
+                for (int side = 1; side <= 2; ++side) {
+                    long long add = s.new_count[c + side];
+                    child_event_count[c + side] += add;
+                    if (add > cfg.clip_segment)
+                        atomicMax((unsigned long long*)&status[KD_LOOP_CLIP_SEGMENT],
+                                  (unsigned long long)add);
+                }
+            }
+        });
+        if (clip) kd_grid_scan_sums(KdLoadArray{s.new_count}, 6 * n + 1, sums2);
+        grid.sync();
+        kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
+        kd_grid_scan_sums(KdLoadArray{child_event_count}, 6 * n + 1, sums1);
+        if (clip) kd_grid_scan_finish(KdLoadArray{s.new_count}, 6 * n + 1, sums2, s.new_offset);
+        grid.sync();
+        kd_grid_scan_finish(KdLoadArray{child_ref_count}, 2 * n + 1, sums0, child_ref_offset);
+        kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
+                            child_event_offset);
+        grid.sync();
+        // The next level's sizes: every thread reads the same values and
+        // takes the same branch.
+        const long long num_split = split_count;
+        const long long num_leaf_refs = KD_HIGH(s.split_leaf_ex[n]);
+        const long long num_child_refs = child_ref_offset[2 * num_split];
+        const long long num_child_events = child_event_offset[6 * num_split];
+        const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
+                                        + *(volatile long long*)&status[KD_LOOP_DEFER_LEVEL];
+        const long long num_new = clip ? s.new_offset[6 * num_split] : 0;
+        const bool need_stages = *(volatile long long*)&status[KD_LOOP_CLIP_SEGMENT] > 0;
+        const bool fits = 2 * num_split <= cap_nodes && num_child_refs <= cap_refs
+                          && need_deferred <= cap.deferred
+                          && num_child_events <= cap_events
+                          && num_child_events <= cfg.max_level_events
+                          && num_new <= cap.new_events && !need_stages
+                          && level_base + n <= cap.tree_nodes
+                          && leaf_ref_base + num_leaf_refs <= cap.leaf_refs;
+        if (!fits) {
+            if (leader) {
+                kd_write_loop_status(status, KD_LOOP_STOPPED, level, n, num_refs, num_events,
+                                     level_base, leaf_ref_base, cur);
+                status[KD_LOOP_NEED_NODES] = 2 * num_split;
+                status[KD_LOOP_NEED_REFS] = num_child_refs;
+                status[KD_LOOP_NEED_EVENTS] = num_child_events;
+                status[KD_LOOP_NEED_TREE_NODES] = level_base + n;
+                status[KD_LOOP_NEED_LEAF_REFS] = leaf_ref_base + num_leaf_refs;
+                status[KD_LOOP_NEED_DEFERRED] = need_deferred;
+                status[KD_LOOP_NEED_NEW_EVENTS] = num_new;
+                status[KD_LOOP_NEED_STAGES] = need_stages;
+            }
+            return;
+        }
+        // emit_level (R10) and make_child_nodes; split_refs and split_events
+        float* child_lo = lvl_nodes.node_lo + nxt * 3 * cap_nodes;
+        float* child_hi = lvl_nodes.node_hi + nxt * 3 * cap_nodes;
+        float* child_pos = lvl_events.event_pos + nxt * cap_events;
+        signed char* child_kind = lvl_events.event_kind + nxt * cap_events;
+        int* child_ref = lvl_events.event_ref + nxt * cap_events;
+        KdEmitArgs emit = {s.node_split, s.best_axis, s.best_pos, s.split_leaf_ex, lo, hi, n,
+                           level_base, leaf_ref_base, out.node_axis, out.node_split,
+                           out.node_child, out.node_count, child_lo, child_hi};
+        kd_grid_for(n, [&](long long i) {
+            kd_emit_node(emit, i);
+            if (i < n && s.best_axis[i] == KD_SMALL_DEFERRED_AXIS)
+                kd_record_deferred(i, node_ref_offset, s.split_leaf_ex, lo, hi, level_base,
+                                   (int)level, leaf_ref_base, deferred,
+                                   &status[KD_LOOP_DEFER_NEXT], &status[KD_LOOP_DEFER_REFS]);
+        });
+        if (clip) {
+            // Perfect splits: the new events listed by child segment (any
+            // order within one), then each written at its place in the
+            // merged list, with its rank among the kept ones for their scatter.
+            kd_grid_for(num_refs, [&](long long r) {
+                if (r >= num_refs || s.ref_class[r] != KD_CLASS_BOTH) return;
+                const int nd = node[r];
+                for (int side = 0; side < 2; ++side) {
+                    for (int k = 0; k < 3; ++k) {
+                        long long c = kd_child_group(k * n + nd, n, s.split_leaf_ex,
+                                                     num_split) + side;
+                        float b0 = s.copy_lo[3 * (2 * r + side) + k];
+                        float b1 = s.copy_hi[3 * (2 * r + side) + k];
+                        unsigned long long* list = s.new_key + s.new_offset[c];
+                        if (b0 == b1) {
+                            list[atomicAdd(&s.new_cursor[c], 1)] =
+                                kd_clip_key(b0, KD_EVENT_PLANAR, r);
+                        } else {
+                            int at = atomicAdd(&s.new_cursor[c], 2);
+                            list[at] = kd_clip_key(b1, KD_EVENT_END, r);
+                            list[at + 1] = kd_clip_key(b0, KD_EVENT_START, r);
+                        }
+                    }
+                }
+            });
+            grid.sync();
+            kd_grid_for(num_new, [&](long long i) {
+                if (i >= num_new) return;
+                const long long c = kd_lower_bound(s.new_offset, 0ll, 6 * num_split + 1, i + 1) - 1;
+                const unsigned long long key = s.new_key[i];
+                const long long b = s.new_offset[c], e_end = s.new_offset[c + 1];
+                long long rank = 0;
+                for (long long j = b; j < e_end; ++j) rank += s.new_key[j] < key;
+                const long long r = kd_clip_key_ref(key);
+                const int new_kind = kd_clip_key_kind(key);
+                const int nd = node[r];
+                const int side = (int)(c & 1);
+                const long long ps = (c / (2 * num_split)) * n + nd;
+                const long long first = seg_event_offset[ps];
+                const long long at = kd_lower_bound_if(first, seg_event_offset[ps + 1],
+                    [&](long long e) { return kd_clip_key(pos[e], kind[e], ref[e]) < key; });
+                const long long lr_p = event_scan[at], lr_s = event_scan[first];
+                const long long kept = side ? KD_HIGH(lr_p) - KD_HIGH(lr_s)
+                                            : KD_LOW(lr_p) - KD_LOW(lr_s);
+                s.new_rank[b + rank] = (int)kept;
+                long long dl, dr;
+                kd_ref_destinations(r, nd, ref_lr_ex, node_ref_offset, s.split_leaf_ex,
+                                    child_ref_offset, &dl, &dr);
+                const long long dst = child_event_offset[c] + kept + rank;
+                child_pos[dst] = kd_clip_key_pos(key);
+                child_kind[dst] = (signed char)new_kind;
+                child_ref[dst] = (int)(side ? dr : dl);
+            });
+            grid.sync();
+        }
+        int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
+        int* child_node = lvl_refs.ref_node + nxt * cap_refs;
+        KdScatterArgs scatter = {tri, node, s.ref_class, ref_lr_ex, node_ref_offset,
+                                 s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
+                                 event_scan, seg_event_offset, child_event_offset, n, num_refs,
+                                 num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
+                                 child_pos, child_kind, child_ref, nullptr, clip,
+                                 clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};
+        kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
+        if (leader) {
+            status[KD_LOOP_SLOTS + 3 * level] = n;
+            status[KD_LOOP_SLOTS + 3 * level + 1] = num_refs;
+            status[KD_LOOP_SLOTS + 3 * level + 2] = num_events;
+        }
+        level_base += n;
+        leaf_ref_base += num_leaf_refs;
+        ++level;
+        if (num_split == 0) {
+            if (leader)
+                kd_write_loop_status(status, KD_LOOP_DONE, level, 0, 0, 0, level_base,
+                                     leaf_ref_base, nxt);
+            return;
+        }
+        grid.sync();
+        cur = nxt;
+        pos = child_pos;
+        kind = child_kind;
+        ref = child_ref;
+        tri = child_tri;
+        node = child_node;
+        lo = child_lo;
+        hi = child_hi;
+        node_ref_offset = child_ref_offset;
+        seg_event_offset = child_event_offset;
+        n = 2 * num_split;
+        num_refs = num_child_refs;
+        num_events = num_child_events;
+    }
+}
