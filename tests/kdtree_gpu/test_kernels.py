@@ -49,6 +49,17 @@ def test_kernel_names_carry_the_prefix():
             assert name.startswith("kd_"), f"{source.name}: {name}"
 
 
+def test_kernel_parameters_take_macros_from_included_headers():
+    # the loop's entry points name their parameters by a macro of build_loop.cuh:
+    # both files' kernels take the same list, read from the header
+    two = kernels.kernel_parameters("build_loop.cu", "kd_build_levels_grid")
+    one = kernels.kernel_parameters("build_loop_one_block.cu", "kd_build_levels_grid_one_block")
+    assert one == two and len(two) > 10
+    assert ("status", "long long", True) in two
+    with pytest.raises(ValueError, match="no definition"):
+        kernels.kernel_parameters("build_loop_one_block.cu", "kd_build_levels_grid")
+
+
 def test_compile_options_include_std_and_include_path():
     options = kernels.compile_options(("-DKD_X=1",))
     assert "--std=c++17" in options

@@ -419,6 +419,12 @@ def test_loop_grid_from_the_start_level():
         GpuSettings(loop_blocks=-1)
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, None])
+def test_loop_one_block_events_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="loop_one_block_events"):
+        GpuSettings(loop_one_block_events=bad)
+
+
 @gpu
 @pytest.mark.parametrize("name", ["suzanne", "stanford_bunny"])
 def test_gpu_stage_launches_equal_reference_on_real_meshes(name, mesh_path):

@@ -139,3 +139,14 @@ def test_a_second_page_adds_room_without_copying_the_first_block():
     arrays = out.finish(11, 3)
     assert arrays["node_child"].tolist() == [0, 1, 2, 3, 4, 5, 100, 101, 102, 103, 104]
     assert arrays["leaf_tris"].tolist() == [0, 1, 2]
+
+
+def test_an_output_never_reserved_finishes_empty():
+    # the buffers are made by the first reserve; without one, finish and the
+    # kernel arguments see empty ones
+    out = TreeOutput(np)
+    assert out.node_capacity == 0 and out.leaf_capacity == 0
+    assert out.nodes is None
+    arrays = TreeOutput(np).finish(0, 0)
+    assert set(arrays) == {"node_axis", "node_split", "node_child", "node_count", "leaf_tris"}
+    assert all(a.shape == (0,) for a in arrays.values())

@@ -30,6 +30,20 @@ def test_size_classes_round_up_by_at_most_a_ninth(n):
     assert size_class(size) == size
 
 
+def test_size_class_table_is_the_search():
+    # size_class looks sizes up in a table up to 2**48 bytes and searches beyond
+    # it: both give the smallest class size that holds n
+    from kdtree_gpu.builder.gpu.workspace import _class_size
+
+    rng = np.random.default_rng(5)
+    for n in [*rng.integers(1, 1 << 48, 2000), 1 << 48, (1 << 48) + 1, 1 << 50]:
+        n = int(n)
+        k = max(0, int(np.floor(8 * np.log2(n))) - 2)
+        while _class_size(k) < n:
+            k += 1
+        assert size_class(n) == _class_size(k), n
+
+
 def test_size_classes_are_monotone():
     sizes = np.unique(np.geomspace(1, 1e12, 4000).astype(np.int64))
     classes = [size_class(int(n)) for n in sizes]
