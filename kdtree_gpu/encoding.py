@@ -132,6 +132,7 @@ SMALL_LEVEL_NODES = 2
 SMALL_LEVEL_LEAVES = 3
 SMALL_LEVEL_ROW = 4
 SMALL_RECORDS_BACK_SHIFT = 32
+SMALL_RECORDS_FRONT = (1 << SMALL_RECORDS_BACK_SHIFT) - 1  # the records word's low part
 # bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full
 SMALL_FULL_NODES = 1
 SMALL_FULL_LEAVES = 2

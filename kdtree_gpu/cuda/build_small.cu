@@ -14,8 +14,6 @@
 // The best plane of each node is small_split.cuh's.
 #include "small_split.cuh"
 
-#define KD_SMALL_RECORDS_FRONT ((1ull << KD_SMALL_RECORDS_BACK_SHIFT) - 1ull)
-
 // v's exclusive prefix over the warp's lanes plus what one atomicAdd of the
 // warp's total to *counter returned (every lane calls it): a slot per lane for
 // one atomic per warp, not one per node on the level's few shared counters.

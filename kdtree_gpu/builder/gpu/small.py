@@ -189,8 +189,7 @@ def level_records(word) -> int:
     """A subtree level's records from its row's records word (``encoding.SMALL_LEVEL_ROW``):
     those of more than ``SMALL_TINY_REFS`` references in the low bits, the others above."""
     word = int(word)
-    shift = enc.SMALL_RECORDS_BACK_SHIFT
-    return (word & ((1 << shift) - 1)) + (word >> shift)
+    return (word & enc.SMALL_RECORDS_FRONT) + (word >> enc.SMALL_RECORDS_BACK_SHIFT)
 
 
 def room_under_peak(workspace, out, state, caps) -> int:
