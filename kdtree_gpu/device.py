@@ -276,6 +276,16 @@ def multiprocessors(index: int) -> int:
     return int(runtime.deviceGetAttribute(runtime.cudaDevAttrMultiProcessorCount, index))
 
 
+@functools.lru_cache(maxsize=None)
+def cooperative_launch(index: int) -> bool:
+    """Whether GPU ``index`` runs cooperative launches (grid-wide barriers),
+    asked once per GPU and process; nothing is compiled."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    return bool(runtime.deviceGetAttribute(runtime.cudaDevAttrCooperativeLaunch, index))
+
+
 def _one_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}".rstrip(": ")

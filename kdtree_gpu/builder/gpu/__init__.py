@@ -28,6 +28,7 @@ import dataclasses
 import numpy as np
 
 from ... import encoding as enc
+from ...device import cooperative_launch
 from ...launch import stage
 from ...trace.gpu import pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
@@ -130,15 +131,16 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     V_d, F_d = cp.asarray(V), cp.asarray(F)
     workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace)
     with workspace:
-        grid_loop = None
-        if loop == "grid" and settings.level_loop:
-            grid_loop = level_loop_kernel(cp, cfg.clip)
+        # (which loop kernel runs is chosen from the root's events, below: a
+        # first build compiles only the module it runs)
+        grid = loop == "grid" and settings.level_loop \
+            and cooperative_launch(cp.cuda.Device().id)
         # A build the loop runs from the root (at most 6 events per triangle)
         # defers into records cut from the triangles' boxes' block, as many as
         # the loop would make (build_levels_grid).
         m = int(F_d.shape[0])
         records = 0
-        if grid_loop is not None and 6 * m <= settings.loop_max_events \
+        if grid and 6 * m <= settings.loop_max_events \
                 and settings.small_refs_for(m) and not cfg.clip:
             records = settings.small_records or max(1024, m // 4)
         # The triangles' boxes and the root level are temporaries of every size
@@ -151,13 +153,17 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         # The tree's box, uploaded now from pinned memory (queued: at the end, a
         # pageable upload waited for the whole build)
         with workspace.outputs():
-            bounds_d, bounds_staged = uploaded(cp, bounds.astype(np.float32).reshape(2, 3))
+            bounds_d, bounds_staged = uploaded(cp, bounds)
         num_root = refs.size
         max_depth = cfg.resolved_max_depth(num_root)
         root_events = root_event_count(num_root, planar)
-        if grid_loop is not None and root_events <= settings.loop_one_block_events:
-            # small levels: the kernel of one block a multiprocessor (settings)
-            grid_loop = level_loop_kernel(cp, cfg.clip, one_block=True) or grid_loop
+        # small levels: the kernel of one block a multiprocessor (settings)
+        # (the two-block kernel when the one-block one cannot be resident)
+        grid_loop = None
+        if grid:
+            small = root_events <= settings.loop_one_block_events
+            grid_loop = (small and level_loop_kernel(cp, cfg.clip, one_block=True)) \
+                or level_loop_kernel(cp, cfg.clip)
         # The root events go straight into the level loop's buffers when it runs from the root.
         first = None
         if grid_loop is not None:

@@ -15,6 +15,7 @@ import functools
 import numpy as np
 
 from ... import encoding as enc
+from ...device import cooperative_launch, multiprocessors
 from ...kernels import get_function
 from ...launch import launch, stage
 from ..settings import widest_level
@@ -51,9 +52,8 @@ def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
     key = (device.id, bool(clip), one_block)
     if key in _loop_cache:
         return _loop_cache[key]
-    attributes = device.attributes
     result = None
-    if attributes.get("CooperativeLaunch", 0):
+    if cooperative_launch(device.id):
         from cupy_backends.cuda.api import driver
 
         source, name = (("build_loop_one_block.cu", "kd_build_levels_grid_one_block")
@@ -64,7 +64,7 @@ def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
         per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
                                                                   enc.LOOP_BLOCK, 0)
         if per_sm > 0:
-            result = (kernel, per_sm * attributes["MultiProcessorCount"])
+            result = (kernel, per_sm * multiprocessors(device.id))
     _loop_cache[key] = result
     return result
 

@@ -14,6 +14,7 @@ from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_in_place, inclu
 from kdtree_gpu import SAHConfig
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import level_loop
+from kdtree_gpu.device import multiprocessors
 from kdtree_gpu.testing.meshes import (CONFIGS, REAL_MESHES, assert_same_tree, grid_soup,
                                        quads, random_scene, soup, tight_loop_capacity)
 
@@ -269,11 +270,17 @@ def test_gpu_level_loop_restarts_on_real_meshes(name, mesh_path):
 
 
 @gpu
-def test_gpu_without_cooperative_launch_every_level_runs_by_stages():
-    # A device that cannot run cooperative launches gets no level-loop kernel
-    # (as settings.level_loop=False pretends).
+@pytest.mark.parametrize("how", ["settings", "device"])
+def test_gpu_without_cooperative_launch_every_level_runs_by_stages(how, monkeypatch):
+    # A device that cannot run cooperative launches gets no level-loop kernel,
+    # as settings.level_loop=False pretends.
+    import kdtree_gpu.builder.gpu as gpu_builder
+
+    settings = GpuSettings(level_loop=how != "settings")
+    if how == "device":
+        monkeypatch.setattr(gpu_builder, "cooperative_launch", lambda index: False)
     V, F = soup(np.random.default_rng(5), 800)
-    tree = kd.build(V, F, device="cuda", settings=GpuSettings(level_loop=False))
+    tree = kd.build(V, F, device="cuda", settings=settings)
     assert_same_tree(cpu_reference.build(V, F), tree)
     info = tree.build_info
     assert info["level_loop"] == "stages" and info["loop_launches"] == 0
@@ -287,6 +294,7 @@ def test_gpu_level_loop_grid_fits_the_device():
     from kdtree_gpu import encoding as enc
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
+    assert multiprocessors(cupy.cuda.Device().id) == sms
     for one_block in (False, True):
         kernel, grid = level_loop.level_loop_kernel(cupy, one_block=one_block)
         assert grid % sms == 0 and grid >= sms
