@@ -137,8 +137,7 @@ def cold_build_ms(spec, mesh_dir):
 STAGE_BYTES = {
     "compute_split_costs: event flags": (0, 1 + 8),
     "compute_split_costs: scan": (0, 8 + 8 + 8),
-    "compute_split_costs: costs": (0, 4 + 4 + 8 + 8 + 1),
-    "select_best_splits: segmented argmin": (0, 8 + 4),
+    "compute_split_costs: costs": (0, 4 + 8 + 8 + 1),
     "classify_triangles": (4 + 4 + 8 + 1 + 8, 0),
     "classify_triangles: events": (0, 4 + 1 + 8),
     "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 8 + 2 * 13),

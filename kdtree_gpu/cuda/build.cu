@@ -42,15 +42,16 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
     kd_block_scan(KdLoadOpenClose{event_kind}, num_events + 1, open_close_ex);
 }
 
-// event_seg may be null (the per-stage path stores segments only when clipping):
-// each event's segment then comes from its reference's node and its place.
-// Two passes: with seg_best null, each segment's minimum into seg_min_cost,
-// each event's side and its cost's key (kd_cost_key; where event_cost_lo is not
-// null, the cost's two halves instead); with seg_best, the lowest event index at
-// that minimum (rule R8's tie-break) into seg_best, computing again only the
-// costs whose key is the minimum's (4 bytes per event, not 8).
-// Six blocks a multiprocessor: 40 registers (8 bytes spilled), where 46
-// allowed five (62.5% occupancy); the pass waits mostly on dependent loads.
+// Stage compute_split_costs, part 2, with select_best_splits' arg-min: each
+// event's cost and side, each segment's minimum cost into seg_min_cost and
+// its lowest event index at that minimum into seg_best (kd_split_cost_tile:
+// a block's tile of KD_LAUNCH_BLOCK events; segments reaching past a tile
+// leave partial rows, 2 a block, for kd_argmin_partials). event_seg may be
+// null (the per-stage path stores segments only when clipping): each event's
+// segment then comes from its reference's node and its place. event_cost_hi
+// and _lo (the tests') get each cost's two halves where not null.
+// Six blocks a multiprocessor: the pass waits mostly on dependent loads
+// (event -> reference -> node -> segment -> scan), so more warps hide more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
 kd_split_costs(const float* __restrict__ event_pos,
                const int* __restrict__ event_seg,
@@ -72,14 +73,26 @@ kd_split_costs(const float* __restrict__ event_pos,
                unsigned int* __restrict__ event_cost_lo,
                signed char* __restrict__ event_side,
                unsigned long long* seg_min_cost,
-               unsigned long long* __restrict__ seg_best)
+               unsigned long long* seg_best,
+               unsigned long long* __restrict__ partial)
 {
     KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
                     open_close_ex, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
                     longest_only, k_traversal, k_intersect, empty_bonus,
                     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best};
-    kd_split_cost_event(a, kd_tid());
+    kd_split_cost_tile<KD_LAUNCH_BLOCK>(a, (long long)blockIdx.x * KD_LAUNCH_BLOCK, partial);
+}
+
+// The arg-min of the segments that reach past a tile of kd_split_costs: its
+// partial rows (3 words each: segment, minimum, index), once seg_min_cost is final.
+extern "C" __global__ void kd_argmin_partials(const unsigned long long* __restrict__ partial,
+                                              long long num_rows,
+                                              const unsigned long long* __restrict__ seg_min_cost,
+                                              unsigned long long* seg_best)
+{
+    const long long i = kd_tid();
+    if (i < num_rows) kd_argmin_partial(partial + 3 * i, seg_min_cost, seg_best);
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),

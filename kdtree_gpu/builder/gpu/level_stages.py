@@ -63,60 +63,51 @@ class SplitCosts:
     seg_min_cost : (3n,) uint64
         Cost bits of each segment's minimum.
     seg_best : (3n,) uint64
-        Reset for the arg-min.
-    cost_key : (E,) uint32
-        Each event's cost key (``kd_cost_key``: the float32 at or below the
-        float64 cost), or, with ``event_cost``, the costs' high words (the
-        arg-min then takes the keys from the halves).
+        Each segment's lowest event index at its minimum, but for the
+        segments that reach past a tile of the cost pass: ``partial`` holds theirs.
+    partial : (2 * tiles, 3) uint64
+        The tiles' partial arg-mins (segment, minimum, index;
+        ``kd_split_cost_tile``).
     event_cost : (2E,) uint32 or None
         Each event's float64 cost as two 32-bit halves (the high words, then
-        the low words; :func:`event_costs` reads them back; ``cost_key`` is
-        its first half), only when asked for (``store_costs``: the tests
-        compare them with the NumPy twin's; the arg-min then takes the keys
-        from them).
+        the low words; :func:`event_costs` reads them back), only when asked
+        for (``store_costs``: the tests compare them with the NumPy twin's).
     """
 
     open_close_ex: object
     event_side: object
     seg_min_cost: object
     seg_best: object
-    cost_key: object
+    partial: object
     event_cost: object = None
 
-    def halves(self) -> tuple:
-        """The costs' stored (high, low) words; the low ones ``None`` unless stored."""
-        if self.event_cost is not None:
-            return _halves(self.event_cost)
-        return self.cost_key, None
 
-
-def _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, halves, event_side,
-               seg_min_cost, seg_best) -> tuple:
-    """The arguments of ``kd_split_costs``: its cost pass (``seg_best`` None) or its
-    arg-min pass; ``halves`` the costs' (high, low) words; ``None`` arrays are
-    null pointers (not stored)."""
+def _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost, event_side,
+               seg_min_cost, seg_best, partial) -> tuple:
+    """The arguments of ``kd_split_costs``; ``None`` arrays are null pointers (not stored)."""
+    halves = _halves(event_cost) if event_cost is not None else (None, None)
     return (events.event_pos, _or_null(events.event_seg), events.event_ref, refs.ref_node,
             open_close_ex, nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
             nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
             np.int32(level_active), np.int32(cfg.axes == "longest"), f64(cfg.k_traversal),
             f64(cfg.k_intersect), f64(cfg.empty_bonus), *map(_or_null, halves),
-            _or_null(event_side), seg_min_cost, _or_null(seg_best))
+            _or_null(event_side), seg_min_cost, seg_best, partial)
 
 
 def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                             store_costs=False) -> SplitCosts:
-    """R5-R7: the cost of every candidate plane (``inf`` elsewhere) and each
-    segment's minimum cost.
+    """R5-R7, and R8's arg-min: the cost of every candidate plane (``inf``
+    elsewhere), each segment's minimum cost and its lowest event index at
+    that minimum.
 
     The events' segments are read from ``events.event_seg``, or, where it is
     ``None`` (the per-stage path stores them only with perfect splits),
     derived from each event's place and its reference's node
-    (``KdEventSegment``). Of each cost only a 32-bit key is stored (unless
-    ``store_costs``): :func:`select_best_splits_gpu` computes again the
-    costs whose key equals their segment's minimum's (4 bytes per
-    event less at the level's peak; without any stored word every cost
-    would be computed twice: on an H100, 23 ms more of a 5.5M-triangle
-    build's 200). The flags are scanned in place.
+    (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
+    block of the pass finds the arg-min of the segments inside its tile of
+    events and leaves a partial one for the (at most two) segments that
+    reach past it, which :func:`select_best_splits_gpu` completes. The flags
+    are scanned in place.
     """
     n, num_events = nodes.size, events.size
     open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
@@ -133,13 +124,13 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                 seg_best))
         inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
-    cost_key = _halves(event_cost)[0] if store_costs else cp.empty(num_events, dtype=np.uint32)
     event_side = cp.empty(num_events, dtype=np.int8)
-    costs = SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, cost_key, event_cost)
+    tiles = -(-num_events // enc.LAUNCH_BLOCK)  # (the kernel's tile is its launch block)
+    partial = cp.empty((2 * tiles, 3), dtype=np.uint64)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-           _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, costs.halves(),
-                      event_side, seg_min_cost, None))
-    return costs
+           _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost,
+                      event_side, seg_min_cost, seg_best, partial))
+    return SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, partial, event_cost)
 
 
 def _halves(event_cost) -> tuple:
@@ -176,13 +167,12 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
     split_leaf_ex : (n + 1,) int64
         Inclusive scan of (split | leaf references << 32) after a leading 0.
     """
-    n, num_events = nodes.size, events.size
-    # the cost pass left each segment's minimum cost; this pass finds each
-    # minimum's lowest event index (lowest position: R8's tie-break),
-    # computing again the costs whose key is the minimum's
-    launch("select_best_splits: segmented argmin", _kernel("kd_split_costs"), num_events,
-           _cost_args(cfg, events, refs, nodes, costs.open_close_ex, level_active, costs.halves(),
-                      None, costs.seg_min_cost, costs.seg_best))
+    n = nodes.size
+    # the arg-min of the segments that reach past a tile of the cost pass
+    # (lowest index = lowest position: R8's tie-break)
+    launch("select_best_splits: partial arg-mins", _kernel("kd_argmin_partials"),
+           costs.partial.shape[0], (costs.partial, i64(costs.partial.shape[0]),
+                                    costs.seg_min_cost, costs.seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                      node_axis=cp.empty(n, dtype=np.int8),
                      node_pos=cp.empty(n, dtype=np.float32),
