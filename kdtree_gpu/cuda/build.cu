@@ -44,9 +44,9 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 
 // Stage compute_split_costs, part 2, with select_best_splits' arg-min: each
 // event's cost and side, each segment's minimum cost into seg_min_cost and
-// its lowest event index at that minimum into seg_best (kd_split_cost_tile:
-// a block's tile of KD_LAUNCH_BLOCK events; segments reaching past a tile
-// leave partial rows, 2 a block, for kd_argmin_partials). event_seg may be
+// its lowest event index at that minimum into seg_best (kd_split_cost_warp:
+// a warp's 32 events at a time; segments reaching past them leave partial
+// rows, 2 a warp, for kd_argmin_partials). event_seg may be
 // null (the per-stage path stores segments only when clipping): each event's
 // segment then comes from its reference's node and its place. event_cost_hi
 // and _lo (the tests') get each cost's two halves where not null.
@@ -81,10 +81,10 @@ kd_split_costs(const float* __restrict__ event_pos,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
                     longest_only, k_traversal, k_intersect, empty_bonus,
                     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best};
-    kd_split_cost_tile<KD_LAUNCH_BLOCK>(a, (long long)blockIdx.x * KD_LAUNCH_BLOCK, partial);
+    kd_split_cost_warp(a, kd_tid() & ~31ll, partial);
 }
 
-// The arg-min of the segments that reach past a tile of kd_split_costs: its
+// The arg-min of the segments that reach past a warp's events in kd_split_costs: its
 // partial rows (3 words each: segment, minimum, index), once seg_min_cost is final.
 extern "C" __global__ void kd_argmin_partials(const unsigned long long* __restrict__ partial,
                                               long long num_rows,

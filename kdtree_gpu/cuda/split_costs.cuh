@@ -147,7 +147,7 @@ struct KdCostArgs {
     KdEventCosts event_cost;   // hi null: not stored
     signed char* event_side;   // null: not stored
     unsigned long long* seg_min_cost;
-    // kd_split_cost_tile only: each segment's lowest event index at its minimum
+    // kd_split_cost_warp only: each segment's lowest event index at its minimum
     unsigned long long* seg_best;
 };
 
@@ -224,30 +224,29 @@ __device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long lo
 }
 
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
-// its minimum cost) in the same pass, for the tile of BLOCK events
-// [t0, t0 + BLOCK) of one block (every thread calls it; thread t takes event
-// t0 + t). Events are sorted by segment, so the tile holds runs of
-// consecutive segments: the block finds each run's minimum, then its lowest
-// index at that minimum, in shared memory. A segment wholly inside the tile
-// is done here: its minimum and arg-min are stored (seg_min_cost and
-// seg_best start at no candidate: a segment without events keeps that). Only
-// the tile's first and last segments can reach past it: such a segment's
-// tile minimum goes to seg_min_cost by atomicMin, and (segment, minimum,
-// index) to the block's partial rows (two: the first segment's and the last
-// one's; segment KD_NO_INDEX where none), which kd_argmin_partial keeps
-// where the minimum is the segment's. (Two passes over the events, a cost
-// pass and an arg-min pass that computed the near-minima again from stored
-// 32-bit keys, took 33 ms of a 5.5M-triangle build on an H100.)
-template <int BLOCK>
-__device__ __forceinline__ void kd_split_cost_tile(const KdCostArgs& a, long long t0,
-                                                   unsigned long long* partial)
+// its minimum cost) in the same pass, a warp's 32 consecutive events at a
+// time (every lane calls it; lane l takes event w0 + l). Events are sorted by
+// segment, so the warp holds runs of consecutive segments: shuffles give each
+// run's minimum, and a ballot its lowest lane at that minimum. A segment
+// wholly inside the warp is done here: its minimum and arg-min are stored
+// (seg_min_cost and seg_best start at no candidate: a segment without events
+// keeps that). Only the warp's first and last runs can be parts of larger
+// segments: such a part's minimum goes to seg_min_cost by atomicMin, and
+// (segment, minimum, index) to the warp's two partial rows (the first run's,
+// then the last one's; segment KD_NO_INDEX where none), which
+// kd_argmin_partial keeps where the minimum is the segment's. No barrier: the
+// pass waits mostly on dependent loads, and a block-wide version (a block's
+// 256 events, shared memory, three __syncthreads) made the cost pass 25%
+// slower. (Two passes over the events, a cost pass and an arg-min pass that
+// computed the near-minima again from stored 32-bit keys, took 29 ms of a
+// 5.5M-triangle build on an H100.)
+__device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
+                                                   unsigned long long* partial_rows)
 {
-    __shared__ unsigned long long tile_min[BLOCK];
-    __shared__ unsigned long long tile_best[BLOCK];
-    __shared__ int tile_seg[BLOCK];
-    __shared__ int warp_heads[BLOCK / 32];
-    const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-    const long long e = t0 + t;
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform, and no rows)
+    const long long e = w0 + lane;
     const bool live = e < a.num_events;
     const int seg = live ? a.event_seg(e) : -1;
     signed char side = KD_SIDE_LEFT;
@@ -259,48 +258,44 @@ __device__ __forceinline__ void kd_split_cost_tile(const KdCostArgs& a, long lon
     }
     const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
     const bool candidate = live && bits != KD_INF_BITS;
-    tile_seg[t] = seg;
-    tile_min[t] = KD_INF_BITS;
-    tile_best[t] = KD_NO_INDEX;
-    if (t < 2) partial[3 * (2 * (long long)blockIdx.x + t)] = KD_NO_INDEX;
-    __syncthreads();
-    // the tile's segments, numbered from 0 in order (a head starts one)
-    const bool head = live && (t == 0 || tile_seg[t - 1] != seg);
-    const unsigned heads = __ballot_sync(0xffffffffu, head);
-    if (lane == 0) warp_heads[warp] = __popc(heads);
-    __syncthreads();
-    int local = __popc(heads & ((2u << lane) - 1u)) - 1, num_local = 0;
-#pragma unroll
-    for (int w = 0; w < BLOCK / 32; ++w) {
-        local += w < warp ? warp_heads[w] : 0;
-        num_local += warp_heads[w];
-    }
     bool run_head;
-    unsigned long long m = kd_warp_segmented_min(candidate ? bits : KD_NO_INDEX, seg, run_head);
-    if (run_head && live && m != KD_NO_INDEX) atomicMin(tile_min + local, m);
-    __syncthreads();
-    const bool at_min = candidate && bits == tile_min[live ? local : 0];
-    m = kd_warp_segmented_min(at_min ? (unsigned long long)e : KD_NO_INDEX, seg, run_head);
-    if (run_head && live && m != KD_NO_INDEX) atomicMin(tile_best + local, m);
-    __syncthreads();
-    if (!head) return;
-    const unsigned long long seg_min = tile_min[local], best = tile_best[local];
-    const long long tile_end = t0 + BLOCK < a.num_events ? t0 + BLOCK : a.num_events;
-    const bool from_before = t == 0 && a.seg_event_offset[seg] < t0;
-    const bool on_after = local == num_local - 1 && a.seg_event_offset[seg + 1] > tile_end;
-    if (!from_before && !on_after) {
-        a.seg_min_cost[seg] = seg_min;
+    const unsigned long long m =
+        kd_warp_segmented_min(candidate ? bits : KD_NO_INDEX, seg, run_head);
+    const unsigned heads = __ballot_sync(full, run_head);
+    // each lane's run: from the last head at or below it to the next head
+    const unsigned run_min_lane = 31 - __clz(heads & ((2u << lane) - 1u));
+    const bool at_min = candidate && bits == __shfl_sync(full, m, run_min_lane);
+    const unsigned at = __ballot_sync(full, at_min);
+    const unsigned later = heads & ~((2u << lane) - 1u);
+    const int next = later ? __ffs(later) - 1 : 32;  // (a head's run: [lane, next))
+    const unsigned run = (next == 32 ? full : (1u << next) - 1u) & ~((1u << lane) - 1u);
+    const unsigned long long best =
+        at & run ? (unsigned long long)(w0 + __ffs(at & run) - 1) : KD_NO_INDEX;
+    const long long end = w0 + 32 < a.num_events ? w0 + 32 : a.num_events;
+    const bool mine = run_head && live;
+    const bool from_before = mine && lane == 0 && a.seg_event_offset[seg] < w0;
+    const bool on_after = mine && !from_before && w0 + next >= end
+                          && a.seg_event_offset[seg + 1] > end;
+    if (mine && !from_before && !on_after) {
+        a.seg_min_cost[seg] = m == KD_NO_INDEX ? KD_INF_BITS : m;
         a.seg_best[seg] = best;
-    } else if (seg_min != KD_INF_BITS) {
-        atomicMin(a.seg_min_cost + seg, seg_min);
-        unsigned long long* row = partial + 3 * (2 * (long long)blockIdx.x + (from_before ? 0 : 1));
+    }
+    const bool part = (from_before || on_after) && m != KD_NO_INDEX;
+    if (part && m < a.seg_min_cost[seg]) atomicMin(a.seg_min_cost + seg, m);
+    // rows 2w (the first run's part) and 2w + 1 (the last one's), w = w0 / 32
+    unsigned long long* rows = partial_rows + 3 * 2 * (w0 >> 5);
+    const unsigned last_part = __ballot_sync(full, part && on_after);
+    if (part) {
+        unsigned long long* row = rows + 3 * (on_after ? 1 : 0);
         row[0] = (unsigned long long)seg;
-        row[1] = seg_min;
+        row[1] = m;
         row[2] = best;
     }
+    if (lane == 0 && !part) rows[0] = KD_NO_INDEX;
+    if (lane == 1 && !last_part) rows[3] = KD_NO_INDEX;
 }
 
-// After kd_split_cost_tile: a partial row's index is its segment's arg-min
+// After kd_split_cost_warp: a partial row's index is its segment's arg-min
 // candidate where its minimum is the segment's (the lowest such index wins).
 __device__ __forceinline__ void kd_argmin_partial(const unsigned long long* row,
                                                   const unsigned long long* seg_min_cost,

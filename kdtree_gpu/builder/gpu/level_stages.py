@@ -64,10 +64,11 @@ class SplitCosts:
         Cost bits of each segment's minimum.
     seg_best : (3n,) uint64
         Each segment's lowest event index at its minimum, but for the
-        segments that reach past a tile of the cost pass: ``partial`` holds theirs.
-    partial : (2 * tiles, 3) uint64
-        The tiles' partial arg-mins (segment, minimum, index;
-        ``kd_split_cost_tile``).
+        segments that reach past a warp's events in the cost pass: ``partial``
+        holds theirs.
+    partial : (2 * warps, 3) uint64
+        The warps' partial arg-mins (segment, minimum, index;
+        ``kd_split_cost_warp``).
     event_cost : (2E,) uint32 or None
         Each event's float64 cost as two 32-bit halves (the high words, then
         the low words; :func:`event_costs` reads them back), only when asked
@@ -104,9 +105,9 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     ``None`` (the per-stage path stores them only with perfect splits),
     derived from each event's place and its reference's node
     (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
-    block of the pass finds the arg-min of the segments inside its tile of
-    events and leaves a partial one for the (at most two) segments that
-    reach past it, which :func:`select_best_splits_gpu` completes. The flags
+    warp of the pass finds the arg-min of the segments inside its 32 events
+    and leaves a partial one for the (at most two) segments that reach past
+    them, which :func:`select_best_splits_gpu` completes. The flags
     are scanned in place.
     """
     n, num_events = nodes.size, events.size
@@ -125,8 +126,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
         inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
-    tiles = -(-num_events // enc.LAUNCH_BLOCK)  # (the kernel's tile is its launch block)
-    partial = cp.empty((2 * tiles, 3), dtype=np.uint64)
+    partial = cp.empty((2 * (-(-num_events // 32)), 3), dtype=np.uint64)  # 2 a warp
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost,
                       event_side, seg_min_cost, seg_best, partial))
@@ -168,7 +168,7 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
         Inclusive scan of (split | leaf references << 32) after a leading 0.
     """
     n = nodes.size
-    # the arg-min of the segments that reach past a tile of the cost pass
+    # the arg-min of the segments that reach past a warp's events in the cost pass
     # (lowest index = lowest position: R8's tie-break)
     launch("select_best_splits: partial arg-mins", _kernel("kd_argmin_partials"),
            costs.partial.shape[0], (costs.partial, i64(costs.partial.shape[0]),
