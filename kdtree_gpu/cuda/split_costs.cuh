@@ -291,7 +291,8 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
         row[1] = m;
         row[2] = best;
     }
-    if (lane == 0 && !part) rows[0] = KD_NO_INDEX;
+    // (lane 0's run may be the last one's part: then row 2w holds none)
+    if (lane == 0 && !(part && from_before)) rows[0] = KD_NO_INDEX;
     if (lane == 1 && !last_part) rows[3] = KD_NO_INDEX;
 }
 
