@@ -264,7 +264,8 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     const unsigned heads = __ballot_sync(full, run_head);
     // each lane's run: from the last head at or below it to the next head
     const unsigned run_min_lane = 31 - __clz(heads & ((2u << lane) - 1u));
-    const bool at_min = candidate && bits == __shfl_sync(full, m, run_min_lane);
+    const unsigned long long run_min = __shfl_sync(full, m, run_min_lane);  // (every lane)
+    const bool at_min = candidate && bits == run_min;
     const unsigned at = __ballot_sync(full, at_min);
     const unsigned later = heads & ~((2u << lane) - 1u);
     const int next = later ? __ffs(later) - 1 : 32;  // (a head's run: [lane, next))
