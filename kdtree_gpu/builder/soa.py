@@ -141,8 +141,9 @@ class LevelScratch(SoA):
     # counts since the start of a block's chunk, the chunks' bases in the
     # kernel's block sums), as is ref_lr_ex.
     event_scan: object = soa_field(np.uint32)
-    # (the events' costs and sides have no rows here: the level loop keeps
-    # them in the next level's slot of the events, KdEventCosts in split_costs.cuh)
+    # (the events' sides have no rows here: the level loop keeps them in the
+    # next level's slot of the events, and its cost pass's partial arg-min
+    # rows too; it stores no cost: kd_split_cost_warp in split_costs.cuh)
     seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
     seg_best: object = soa_field(np.uint64)  # (3N) event index
     best_cost: object = soa_field(np.float64)  # (N)

@@ -98,17 +98,15 @@ extern "C" __global__ void kd_argmin_partials(const unsigned long long* __restri
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
 // gathered into the struct inside the kernel.
 #define KD_SELECT_PARAMS                                                                  \
-    const unsigned long long *seg_best, unsigned int *event_cost_hi,                      \
-        unsigned int *event_cost_lo, const float *event_pos,                               \
+    const unsigned long long *seg_best, const float *event_pos,                           \
         const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
         long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
         signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
         long long *split_leaf, const unsigned long long *seg_min_cost, long long small_refs
 #define KD_SELECT_ARGS                                                                    \
-    {seg_best, {event_cost_hi, event_cost_lo}, event_pos, event_side, node_ref_offset,      \
-     num_nodes, leaf_size,                                                                   \
-     level_active, k_intersect, best_cost, best_axis, best_pos, best_side, node_split,       \
-     split_leaf, seg_min_cost}
+    {seg_best,   event_pos,  event_side, node_ref_offset, num_nodes, leaf_size,  level_active, \
+     k_intersect, best_cost, best_axis,  best_pos,        best_side, node_split, split_leaf,   \
+     seg_min_cost}
 
 extern "C" __global__ void kd_select_splits(KD_SELECT_PARAMS)
 {

@@ -27,7 +27,8 @@ namespace cg = cooperative_groups;
 
 // body(i) for i in [0, n), grid-strided, with the same trip count in every
 // lane of a warp so that every lane reaches the warp collectives of the cost
-// and arg-min passes.
+// pass (kd_split_cost_warp; a warp takes 32 consecutive items: the stride is
+// a multiple of 32).
 template <typename Body>
 __device__ __forceinline__ void kd_grid_for(long long n, Body body)
 {
@@ -240,32 +241,36 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         KdPackedScan event_scan = kd_grid_scan_finish_chunked(open_close, num_events + 1, sums0,
                                                               s.event_scan, event_base);
         grid.sync();
-        // The costs and sides live in the next level's slot until its scatter
-        // (the slot holds at least this level's events: both have cap_events)
-        const KdEventCosts event_cost = {(unsigned int*)(lvl_events.event_ref + nxt * cap_events),
-                                         (unsigned int*)(lvl_events.event_pos + nxt * cap_events)};
+        // The sides live in the next level's slot of event_kind until its
+        // scatter, the cost pass's partial arg-min rows (2 a warp of 24 bytes:
+        // 1.5 bytes an event) in its slot of event_ref (4 bytes an event of
+        // cap_events >= num_events) until the arg-min is complete; no cost is stored.
         signed char* event_side = lvl_events.event_kind + nxt * cap_events;
+        unsigned long long* partial_rows = (unsigned long long*)(
+            ((size_t)(lvl_events.event_ref + nxt * cap_events) + 7) & ~(size_t)7);
+        const long long num_rows = 2 * ((num_events + 31) / 32);
         // segments derived, not stored (the buffers hold no event_seg rows)
         const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
         KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
-                           k_intersect, empty_bonus, event_cost, event_side, s.seg_min_cost,
-                           nullptr};
+                           k_intersect, empty_bonus, {nullptr, nullptr}, event_side,
+                           s.seg_min_cost, s.seg_best};
         kd_grid_for(num_events, [&](long long e) {
-            kd_split_cost_event(cost, e);
+            kd_split_cost_warp(cost, e & ~31ll, partial_rows);
             // with perfect splits, each reference's box in its node (R2)
             if (clip && e < num_events)
                 kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
         });
         grid.sync();
-        // select_best_splits and decide_leaves (R4, R8)
-        kd_grid_for(num_events, [&](long long e) {
-            kd_argmin_event(event_cost, seg, s.seg_min_cost, num_events, s.seg_best, e);
+        // select_best_splits and decide_leaves (R4, R8): first the arg-min of
+        // the segments that reach past a warp's events
+        kd_grid_for(num_rows, [&](long long i) {
+            if (i < num_rows) kd_argmin_partial(partial_rows + 3 * i, s.seg_min_cost, s.seg_best);
         });
         grid.sync();
-        KdSelectArgs select = {s.seg_best, event_cost, pos, event_side, node_ref_offset, n,
-                               leaf_size, level_active, k_intersect, s.best_cost, s.best_axis,
-                               s.best_pos, s.best_side, s.node_split, s.split_leaf, nullptr};
+        KdSelectArgs select = {s.seg_best, pos, event_side, node_ref_offset, n, leaf_size,
+                               level_active, k_intersect, s.best_cost, s.best_axis, s.best_pos,
+                               s.best_side, s.node_split, s.split_leaf, s.seg_min_cost};
         kd_grid_for(n, [&](long long i) {
             if (i >= n) return;
             kd_select_node(select, i);

@@ -23,7 +23,6 @@
 // Writes the packed (split, leaf triangle count) scan input after a leading 0.
 struct KdSelectArgs {
     const unsigned long long* seg_best;
-    KdEventCosts event_cost;
     const float* event_pos;
     const signed char* event_side;
     const long long* node_ref_offset;
@@ -37,8 +36,7 @@ struct KdSelectArgs {
     signed char* best_side;
     bool* node_split;
     long long* split_leaf;  // (n + 1)
-    // where event_cost.hi is null (costs not stored): the best event's cost is
-    // its segment's minimum, whose bits these are
+    // the best event's cost is its segment's minimum, whose bits these are
     const unsigned long long* seg_min_cost;
 };
 
@@ -50,9 +48,7 @@ __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long 
     for (int k = 0; k < 3; ++k) {
         unsigned long long best = a.seg_best[k * a.num_nodes + i];
         if (best != KD_NO_INDEX) {
-            double c = a.event_cost.hi
-                           ? a.event_cost.load((long long)best)
-                           : __longlong_as_double((long long)a.seg_min_cost[k * a.num_nodes + i]);
+            double c = __longlong_as_double((long long)a.seg_min_cost[k * a.num_nodes + i]);
             if (c < cost) {
                 cost = c;
                 axis = k;

@@ -50,16 +50,6 @@ __device__ __forceinline__ unsigned long long kd_warp_segmented_min(unsigned lon
     return key;
 }
 
-// The same, each run's head then making one atomicMin of its run's minimum
-// into target[seg].
-__device__ __forceinline__ void kd_warp_segmented_atomic_min(unsigned long long key, int seg,
-                                                             unsigned long long* target)
-{
-    bool run_head;
-    key = kd_warp_segmented_min(key, seg, run_head);
-    if (run_head && seg >= 0 && key != KD_NO_INDEX && key < target[seg]) atomicMin(target + seg, key);
-}
-
 // An event's segment axis * n + node: stored (seg; the per-stage path) or, seg null
 // (the level loop keeps none: 8 bytes per event of capacity), derived: a level's events
 // of one axis start at seg_event_offset[axis * n]; an event's node is its reference's.
@@ -98,11 +88,10 @@ struct KdLoadOpenClose {
     }
 };
 
-// A level's per-event costs: each float64 as its two 32-bit halves in two arrays
-// of E words. The level loop keeps them in the next level's slot of event_ref and
-// event_pos, which hold nothing between a level's cost pass and its scatter: the
-// costs take no memory of their own; halves restore the exact bits. The
-// per-stage path stores them only for the tests (hi null: not stored).
+// A level's per-event costs as each float64's two 32-bit halves in two arrays
+// of E words, stored only for the tests (kd_split_costs; hi null: not stored).
+// The passes need none: each warp finds its segments' minima and arg-mins
+// itself (kd_split_cost_warp).
 struct KdEventCosts {
     unsigned int* hi;
     unsigned int* lo;
@@ -111,14 +100,6 @@ struct KdEventCosts {
         unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
         hi[e] = (unsigned int)(bits >> 32);
         lo[e] = (unsigned int)bits;
-    }
-    __device__ __forceinline__ unsigned long long bits(long long e) const
-    {
-        return ((unsigned long long)hi[e] << 32) | lo[e];
-    }
-    __device__ __forceinline__ double load(long long e) const
-    {
-        return __longlong_as_double((long long)bits(e));
     }
 };
 
@@ -205,24 +186,6 @@ __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long 
     return cost;
 }
 
-// Event e's cost. Every lane of a warp must call it (e >= num_events for
-// lanes past the end): they take part in the segmented minimum at the end.
-__device__ __forceinline__ void kd_split_cost_event(const KdCostArgs& a, long long e)
-{
-    bool live = e < a.num_events;
-    signed char side = KD_SIDE_LEFT;
-    int seg = live ? a.event_seg(e) : -1;
-    double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
-    if (live) {
-        cost = kd_event_plane_cost(a, e, seg, &side);
-        if (a.event_cost.hi) a.event_cost.store(e, cost);
-        if (a.event_side) a.event_side[e] = side;
-    }
-    unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
-    kd_warp_segmented_atomic_min(live && bits != KD_INF_BITS ? bits : KD_NO_INDEX, seg,
-                                 a.seg_min_cost);
-}
-
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
 // its minimum cost) in the same pass, a warp's 32 consecutive events at a
 // time (every lane calls it; lane l takes event w0 + l). Events are sorted by
@@ -305,23 +268,4 @@ __device__ __forceinline__ void kd_argmin_partial(const unsigned long long* row,
 {
     const unsigned long long seg = row[0];
     if (seg != KD_NO_INDEX && row[1] == seg_min_cost[seg]) atomicMin(seg_best + seg, row[2]);
-}
-
-// Stage select_best_splits, arg-min: the lowest event index whose cost equals
-// its segment's minimum (lowest index = lowest position: rule R8's tie-break).
-// Every lane of a warp must call it (as kd_split_cost_event).
-__device__ __forceinline__ void kd_argmin_event(KdEventCosts event_cost,
-                                                const KdEventSegment& event_seg,
-                                                const unsigned long long* seg_min_cost,
-                                                long long num_events,
-                                                unsigned long long* seg_best, long long e)
-{
-    bool live = e < num_events;
-    int seg = live ? event_seg(e) : -1;
-    unsigned long long key = KD_NO_INDEX;
-    if (live) {
-        unsigned long long bits = event_cost.bits(e);
-        if (bits != KD_INF_BITS && bits == seg_min_cost[seg]) key = (unsigned long long)e;
-    }
-    kd_warp_segmented_atomic_min(key, seg, seg_best);
 }

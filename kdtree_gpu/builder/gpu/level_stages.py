@@ -179,8 +179,8 @@ def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, sm
                      node_side=cp.empty(n, dtype=np.int8))
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
-    # the best events' costs are their segments' minima (no stored costs: null)
-    select_args = (costs.seg_best, _NULL, _NULL, events.event_pos,
+    # (the best events' costs are their segments' minima)
+    select_args = (costs.seg_best, events.event_pos,
                    costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
                    np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
                    best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost,
