@@ -135,11 +135,12 @@ def cold_build_ms(spec, mesh_dir):
 # With the element counts of every level this gives the achieved bandwidth of
 # the largest stages, next to the device-to-device copy.
 STAGE_BYTES = {
-    "compute_split_costs: event flags": (0, 1 + 8),
-    "compute_split_costs: scan": (0, 8 + 8 + 8),
+    "compute_split_costs: scan: tile sums": (0, 1),
+    "compute_split_costs: scan: tiles": (0, 1 + 8),
     "compute_split_costs: costs": (0, 4 + 8 + 8 + 1),
-    "classify_triangles": (4 + 4 + 8 + 1 + 8, 0),
-    "classify_triangles: events": (0, 4 + 1 + 8),
+    "classify_triangles": (4 + 4 + 8 + 1, 0),
+    "route: event scan: tile sums": (0, 4 + 1),
+    "route: event scan: tiles": (0, 4 + 1 + 8),
     "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 8 + 2 * 13),
 }
 

@@ -4,28 +4,31 @@
 // the scans, mesh preparation and root events.
 #include "build_stages.cuh"
 
-// Stage compute_split_costs, part 1: per event, the packed (opens, closes)
-// counts: opens = START or PLANAR, closes = END or PLANAR.
-// Also resets the per-segment minimum cost and arg-min of this level
-// (launched over max(E, num_segments) threads).
-extern "C" __global__ void kd_event_flags(const signed char* __restrict__ event_kind,
-                                          long long num_events,
-                                          long long num_segments,
-                                          long long* __restrict__ open_close,  // (E + 1)
-                                          unsigned long long* __restrict__ seg_min_cost,
-                                          unsigned long long* __restrict__ seg_best)
+// Stage compute_split_costs, part 1: the exclusive scan of each event's packed
+// (opens, closes) counts (opens = START or PLANAR, closes = END or PLANAR),
+// derived from its kind as the scan loads it (KdLoadOpenClose: the inclusive
+// scan of E + 1 values), in scan.cuh's three passes; nothing is stored before
+// the scan. (A pass storing the 8-byte counts, then CUB's single-pass scan of
+// them in place, moved 25 bytes an event; these passes move 10.) The tile
+// sums' launch also resets each segment's minimum cost and arg-min.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_open_close_tile_sums(const signed char* __restrict__ event_kind, long long num_events,
+                        long long num_segments, long long* __restrict__ tile_sum,
+                        unsigned long long* __restrict__ seg_min_cost,
+                        unsigned long long* __restrict__ seg_best)
 {
-    long long e = kd_tid();
-    if (e < num_segments) {
-        seg_min_cost[e] = KD_INF_BITS;
-        seg_best[e] = KD_NO_INDEX;
+    for (long long i = kd_tid(); i < num_segments; i += (long long)gridDim.x * blockDim.x) {
+        seg_min_cost[i] = KD_INF_BITS;
+        seg_best[i] = KD_NO_INDEX;
     }
-    if (e >= num_events) return;
-    int kind = event_kind[e];
-    long long opens = kind != KD_EVENT_END;
-    long long closes = kind != KD_EVENT_START;
-    open_close[e + 1] = opens | (closes << 32);
-    if (e == 0) open_close[0] = 0;
+    kd_scan_tile_sum(KdLoadOpenClose{event_kind}, num_events + 1, tile_sum);
+}
+
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_open_close_tiles(const signed char* __restrict__ event_kind, long long num_events,
+                    const long long* __restrict__ tile_prefix, long long* __restrict__ open_close_ex)
+{
+    kd_scan_tile(KdLoadOpenClose{event_kind}, num_events + 1, tile_prefix, open_close_ex);
 }
 
 // Small levels: part 1 and its scan in one block (one launch instead of two).
@@ -140,27 +143,47 @@ extern "C" __global__ void kd_classify(const int* __restrict__ ref_tri,
                                        const bool* __restrict__ node_split,
                                        const float* __restrict__ tri_lo,
                                        const float* __restrict__ tri_hi, long long num_refs,
-                                       unsigned char* __restrict__ ref_class,
-                                       long long* __restrict__ ref_lr, int clip)
+                                       unsigned char* __restrict__ ref_class, int clip)
 {
     KdClassifyArgs a = {ref_tri, ref_node, best_axis, best_pos, best_side, node_split,
-                        tri_lo, tri_hi, num_refs, ref_class, ref_lr, clip};
+                        tri_lo, tri_hi, num_refs, ref_class, clip};
     kd_classify_ref(a, kd_tid());
 }
 
-// Stage route_events' flags from the classes kd_classify gave the references:
-// one byte per event gathered from ref_class (R bytes, which stay in L2)
-// instead of classifying the event's reference again, which gathers its
-// triangle, node and box rows from arrays far larger than L2 (H100, 5.5M
-// triangles: classification took 30.9 ms of the build that way, 10.8 ms so).
-extern "C" __global__ void kd_event_routes(const int* __restrict__ event_ref,
-                                           const unsigned char* __restrict__ ref_class,
-                                           long long num_events, long long* __restrict__ event_lr,
-                                           int clip)
+// Stage route_refs and route_events: the scans of the references' and the
+// events' (left, right) flags (KdLoadRefLR, KdLoadEventLR: derived from the
+// classes kd_classify gave the references as the scans load them), in
+// scan.cuh's three passes. (Storing the flags first, then scanning them in
+// place with CUB's single pass, moved 8 + 16 bytes an item more.)
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_ref_lr_tile_sums(const unsigned char* __restrict__ ref_class, long long num_refs,
+                    long long* __restrict__ tile_sum)
 {
-    long long i = kd_tid();
-    if (i == 0) event_lr[0] = 0;
-    if (i < num_events) event_lr[i + 1] = kd_event_lr(ref_class[event_ref[i]], clip);
+    kd_scan_tile_sum(KdLoadRefLR{ref_class}, num_refs + 1, tile_sum);
+}
+
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_ref_lr_tiles(const unsigned char* __restrict__ ref_class, long long num_refs,
+                const long long* __restrict__ tile_prefix, long long* __restrict__ ref_lr_ex)
+{
+    kd_scan_tile(KdLoadRefLR{ref_class}, num_refs + 1, tile_prefix, ref_lr_ex);
+}
+
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_event_lr_tile_sums(const int* __restrict__ event_ref,
+                      const unsigned char* __restrict__ ref_class, int clip,
+                      long long num_events, long long* __restrict__ tile_sum)
+{
+    kd_scan_tile_sum(KdLoadEventLR{event_ref, ref_class, clip}, num_events + 1, tile_sum);
+}
+
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_event_lr_tiles(const int* __restrict__ event_ref, const unsigned char* __restrict__ ref_class,
+                  int clip, long long num_events, const long long* __restrict__ tile_prefix,
+                  long long* __restrict__ event_lr_ex)
+{
+    kd_scan_tile(KdLoadEventLR{event_ref, ref_class, clip}, num_events + 1, tile_prefix,
+                 event_lr_ex);
 }
 
 #define KD_ROUTE_PARAMS                                                                    \
@@ -183,8 +206,8 @@ extern "C" __global__ void kd_child_counts(KD_ROUTE_PARAMS)
 // flag scans, the child counts, the two offset scans) and gathers the totals:
 // one launch instead of five and a memset.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_small_route(KD_ROUTE_PARAMS, const long long* __restrict__ ref_lr, long long num_refs,
-               long long* out_ref_lr_ex, const long long* __restrict__ event_lr,
+kd_small_route(KD_ROUTE_PARAMS, const unsigned char* __restrict__ ref_class, long long num_refs,
+               long long* out_ref_lr_ex, const int* __restrict__ event_ref, int clip,
                long long num_events, long long* out_event_lr_ex,
                long long* __restrict__ child_ref_offset,
                long long* __restrict__ child_event_offset, long long* __restrict__ totals)
@@ -192,8 +215,8 @@ kd_small_route(KD_ROUTE_PARAMS, const long long* __restrict__ ref_lr, long long 
     // ref_lr_ex / event_lr_ex (inputs of KdRouteArgs) are the outputs of the
     // first two scans: the caller passes the same arrays for both.
     KdRouteArgs a = KD_ROUTE_ARGS;
-    kd_block_scan(KdLoadArray{ref_lr}, num_refs + 1, out_ref_lr_ex);
-    kd_block_scan(KdLoadArray{event_lr}, num_events + 1, out_event_lr_ex);
+    kd_block_scan(KdLoadRefLR{ref_class}, num_refs + 1, out_ref_lr_ex);
+    kd_block_scan(KdLoadEventLR{event_ref, ref_class, clip}, num_events + 1, out_event_lr_ex);
     long long n = a.num_nodes;
     for (long long i = threadIdx.x; i < 2 * n + 1; i += blockDim.x) a.child_ref_count[i] = 0;
     for (long long i = threadIdx.x; i < 6 * n + 1; i += blockDim.x) a.child_event_count[i] = 0;

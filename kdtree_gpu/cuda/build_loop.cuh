@@ -103,30 +103,6 @@ __device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
     return KdPackedScan(local, chunk_base, chunk);
 }
 
-// The packed (left, right) flags of event i - 1, read from the class of its
-// reference, and 0 for i = 0: the scan input of route_events, computed as
-// the scan loads it (the per-stage path writes the same flags into an array
-// first: kd_event_routes in build.cu). With perfect splits a straddling
-// reference's events go to no child (KdClassifyArgs).
-struct KdLoadEventLR {
-    const int* event_ref;
-    const unsigned char* ref_class;
-    int clip;
-    __device__ long long operator()(long long i) const
-    {
-        return i == 0 ? 0 : kd_event_lr(ref_class[event_ref[i - 1]], clip);
-    }
-};
-
-// The same for reference i - 1 (route_refs), which goes to each child it overlaps.
-struct KdLoadRefLR {
-    const unsigned char* ref_class;
-    __device__ long long operator()(long long i) const
-    {
-        return i == 0 ? 0 : kd_pack_lr(ref_class[i - 1]);
-    }
-};
-
 // --- perfect splits (cfg.clip) in the loop -------------------------------------
 // The per-stage path (clip.cu) orders a level's new events with one radix sort
 // and merges them into the kept ones by binary search. The loop has no sort:
@@ -288,8 +264,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         // (with perfect splits the references' own boxes, one row per reference)
         KdClassifyArgs classify = {tri, node, s.best_axis, s.best_pos, s.best_side,
                                    s.node_split, clip ? s.ref_lo : tri_lo,
-                                   clip ? s.ref_hi : tri_hi, num_refs, s.ref_class, nullptr,
-                                   clip};
+                                   clip ? s.ref_hi : tri_hi, num_refs, s.ref_class, clip};
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();

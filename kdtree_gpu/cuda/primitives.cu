@@ -81,75 +81,29 @@ extern "C" __global__ void kd_segmented_argmin_u64(const unsigned long long* key
 
 // --- inclusive scan of int64 -----------------------------------------------------
 // Tiles of KD_SCAN_TILE items: per-tile sums, a scan of the tile sums in one
-// block, then each tile scans itself starting from its prefix. No temporary
-// allocation besides the tile sums; CuPy's cumsum gives the same numbers
-// with more host work per call, which dominates the builder's small levels.
+// block, then each tile scans itself starting from its prefix (scan.cuh's
+// three passes). No temporary allocation besides the tile sums; CuPy's cumsum
+// gives the same numbers with more host work per call, which dominates the
+// builder's small levels.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_tile_sums(const long long* __restrict__ in, long long n, long long* __restrict__ tile_sum)
 {
-    long long base = (long long)blockIdx.x * KD_SCAN_TILE;
-    long long sum = 0;
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + (long long)j * KD_SCAN_BLOCK + threadIdx.x;
-        if (i < n) sum += in[i];
-    }
-    long long total;
-    kd_block_exclusive_scan(sum, &total);
-    if (threadIdx.x == 0) tile_sum[blockIdx.x] = total;
+    kd_scan_tile_sum(KdLoadArray{in}, n, tile_sum);
 }
 
-// One block scans the tile sums in place into exclusive tile prefixes.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_tile_prefix(long long* __restrict__ tile_sum, long long num_tiles)
 {
-    long long carry = 0;
-    for (long long base = 0; base < num_tiles; base += KD_SCAN_BLOCK) {
-        long long i = base + threadIdx.x;
-        long long v = i < num_tiles ? tile_sum[i] : 0;
-        long long total;
-        long long ex = kd_block_exclusive_scan(v, &total);
-        if (i < num_tiles) tile_sum[i] = carry + ex;
-        carry += total;
-    }
+    kd_scan_tile_prefixes(tile_sum, num_tiles);
 }
 
-// Each warp scans 32 * KD_SCAN_ITEMS consecutive items of its tile, 32 at a
-// time: every load and store of a warp covers 256 consecutive bytes. (With
-// each thread scanning KD_SCAN_ITEMS consecutive items, a warp's accesses were
-// 64 bytes apart: H100, 32M items, 1.25 TB/s, against 3 TB/s for a copy.)
-// Tiles start at their prefix. `out` may be `in` (a thread reads its items
-// before the block's barriers and writes only them after): no __restrict__
-// on either.
+// `out` may be `in` (a thread reads its items before the block's barriers and
+// writes only them after): no __restrict__ on either.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_scan_tiles(const long long* in, long long n,
               const long long* __restrict__ tile_prefix, long long* out)
 {
-    const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
-    long long base = (long long)blockIdx.x * KD_SCAN_TILE
-                     + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
-    long long v[KD_SCAN_ITEMS];
-    long long sum = 0;
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long i = base + 32 * j;
-        v[j] = i < n ? in[i] : 0;
-        sum += v[j];
-    }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
-    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
-    long long total;
-    long long carry = kd_block_exclusive_scan(lane == 0 ? sum : 0, &total);
-    carry = __shfl_sync(full, carry, 0) + tile_prefix[blockIdx.x];
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long x = v[j];
-        for (int o = 1; o < 32; o <<= 1) {
-            long long y = __shfl_up_sync(full, x, o);
-            if (lane >= o) x += y;
-        }
-        long long i = base + 32 * j;
-        if (i < n) out[i] = carry + x;
-        carry += __shfl_sync(full, x, 31);
-    }
+    kd_scan_tile(KdLoadArray{in}, n, tile_prefix, out);
 }
 
 // Small arrays: one block scans a whole array, one launch instead of three

@@ -270,12 +270,32 @@ def _scan_int64_cuda(values, out, description):
         with stage(xp=cupy, description=description + ": single pass"):
             if cub.cub_scan(out, cub.CUPY_CUB_CUMSUM) is not None:
                 return out
-    num_tiles = (n + enc.SCAN_TILE - 1) // enc.SCAN_TILE
-    tile = cupy.empty(num_tiles, dtype=np.int64)
-    launch(description + ": tile sums", _scan_kernel("kd_scan_tile_sums"),
-           num_tiles * enc.SCAN_BLOCK, (values, i64(n), tile), block=enc.SCAN_BLOCK)
-    launch(description + ": tile prefix", _scan_kernel("kd_scan_tile_prefix"), enc.SCAN_BLOCK,
-           (tile, i64(num_tiles)), block=enc.SCAN_BLOCK)
-    launch(description + ": tiles", _scan_kernel("kd_scan_tiles"), num_tiles * enc.SCAN_BLOCK,
-           (values, i64(n), tile, out), block=enc.SCAN_BLOCK)
+    tile_scan(cupy, n, (_scan_kernel("kd_scan_tile_sums"), lambda tile: (values, i64(n), tile)),
+              (_scan_kernel("kd_scan_tiles"), lambda tile: (values, i64(n), tile, out)),
+              description)
     return out
+
+
+def tile_scan(cp, n: int, sums, tiles, description: str) -> None:
+    """The three-launch inclusive scan of ``n`` values (``cuda/scan.cuh``):
+    per-tile sums, one block's scan of them into tile prefixes, then each
+    tile's scan from its prefix. The first and last passes are the caller's
+    kernels (``kd_scan_tile_sum`` and ``kd_scan_tile`` with a load of their
+    own: the values may be derived as they are loaded, never stored).
+
+    Parameters
+    ----------
+    sums, tiles : (cupy.RawKernel, callable)
+        Each pass's kernel and a function from the tile sums array
+        ((tiles,) int64, made here) to its arguments; launched with a block
+        of ``SCAN_BLOCK`` threads per tile of ``SCAN_TILE`` values.
+    description : str
+        The launches' name prefix in the profile.
+    """
+    num_tiles = (n + enc.SCAN_TILE - 1) // enc.SCAN_TILE
+    tile = cp.empty(num_tiles, dtype=np.int64)
+    threads = num_tiles * enc.SCAN_BLOCK
+    launch(description + ": tile sums", sums[0], threads, sums[1](tile), block=enc.SCAN_BLOCK)
+    launch(description + ": tile prefix", _scan_kernel("kd_scan_tile_prefix"), enc.SCAN_BLOCK,
+           (tile, np.int64(num_tiles)), block=enc.SCAN_BLOCK)
+    launch(description + ": tiles", tiles[0], threads, tiles[1](tile), block=enc.SCAN_BLOCK)

@@ -25,8 +25,8 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_in_place,
-                           inclusive_scan_pair, radix_sort)
+from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_pair, radix_sort,
+                           tile_scan)
 from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
 from .workspace import pooled
 
@@ -119,11 +119,13 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
                 seg_best))
     else:
-        launch("compute_split_costs: event flags", _kernel("kd_event_flags"),
-               max(num_events, 3 * n),
-               (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
-                seg_best))
-        inclusive_scan_in_place(open_close_ex, description="compute_split_costs: scan")
+        # the flags are derived from the kinds as the scan loads them (none stored)
+        kind, e = events.event_kind, i64(num_events)
+        tile_scan(cp, num_events + 1,
+                  (_kernel("kd_open_close_tile_sums"),
+                   lambda tile: (kind, e, i64(3 * n), tile, seg_min_cost, seg_best)),
+                  (_kernel("kd_open_close_tiles"), lambda tile: (kind, e, tile, open_close_ex)),
+                  "compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
     partial = cp.empty((2 * (-(-num_events // 32)), 3), dtype=np.uint64)  # 2 a warp
@@ -233,9 +235,10 @@ def reference_boxes_gpu(cp, events, num_refs, num_nodes):
     return ref_lo, ref_hi
 
 
-def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, clip=False):
-    """R9: the class of every reference (0 in a leaf) and the packed (left,
-    right) routing flags of references and events, each after a leading 0.
+def classify_triangles_gpu(cp, refs, best, node_split, tri_lo, tri_hi, clip=False):
+    """R9: the class of every reference (0 in a leaf). The references' and
+    events' route flags come from it as :func:`route_to_children_gpu`'s scans
+    load them.
 
     With ``clip``, ``tri_lo``/``tri_hi`` are the references' boxes
     (:func:`reference_boxes_gpu`) and a straddling reference's events route
@@ -244,28 +247,22 @@ def classify_triangles_gpu(cp, refs, events, best, node_split, tri_lo, tri_hi, c
     Returns
     -------
     ref_class : (R,) uint8
-    ref_lr : (R + 1,) int64
-    event_lr : (E + 1,) int64
     """
-    num_refs, num_events = refs.size, events.size
+    num_refs = refs.size
     ref_class = cp.empty(num_refs, dtype=np.uint8)
-    ref_lr = cp.empty(num_refs + 1, dtype=np.int64)
-    event_lr = cp.empty(num_events + 1, dtype=np.int64)
-    # the references first; each event then takes its reference's class
-    # (cuda/build.cu: kd_event_routes says why)
     launch("classify_triangles", _kernel("kd_classify"), max(num_refs, 1),
            (*refs.args(), best.node_axis, best.node_pos, best.node_side, node_split, tri_lo,
-            tri_hi, i64(num_refs), ref_class, ref_lr, np.int32(clip)))
-    launch("classify_triangles: events", _kernel("kd_event_routes"), max(num_events, 1),
-           (events.event_ref, ref_class, i64(num_events), event_lr, np.int32(clip)))
-    return ref_class, ref_lr, event_lr
+            tri_hi, i64(num_refs), ref_class, np.int32(clip)))
+    return ref_class
 
 
-def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small):
+def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, events, clip, small):
     """Where every copy goes: the flag scans, the child group sizes and their scans.
 
-    On grid levels the flag scans are written over ``ref_lr`` and
-    ``event_lr`` (the first two results are those arrays).
+    The flags are derived from ``ref_class`` as the scans load them
+    (``KdLoadRefLR``, ``KdLoadEventLR`` in ``cuda/build_stages.cuh``): the
+    packed (left, right) flags of each reference, and of each event from its
+    reference's class (with ``clip``, none for a straddling reference's).
 
     Returns
     -------
@@ -277,11 +274,12 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr
         Splitting nodes, child references, child events, leaf references.
     """
     n = nodes.size
-    num_refs, num_events = int(ref_lr.shape[0]) - 1, int(event_lr.shape[0]) - 1
+    num_refs, num_events = int(ref_class.shape[0]), events.size
+    r, e, event_ref, clip = i64(num_refs), i64(num_events), events.event_ref, np.int32(clip)
     totals = cp.empty(4, dtype=np.int64)
+    ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
+    event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
     if small:
-        ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
-        event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
         child_count = cp.empty(8 * n + 2, dtype=np.int64)
         child_offset = cp.empty(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
@@ -290,12 +288,19 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr
         launch("route", _kernel("kd_small_route"), enc.SCAN_BLOCK,
                (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
                 node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
-                ref_lr, i64(num_refs), ref_lr_ex, event_lr, i64(num_events), event_lr_ex,
+                ref_class, r, ref_lr_ex, event_ref, clip, e, event_lr_ex,
                 child_ref_offset, child_event_offset, totals))
     else:
-        # in place: the flags are not read again
-        ref_lr_ex = inclusive_scan_in_place(ref_lr, description="route: reference scan")
-        event_lr_ex = inclusive_scan_in_place(event_lr, description="route: event scan")
+        tile_scan(cp, num_refs + 1,
+                  (_kernel("kd_ref_lr_tile_sums"), lambda tile: (ref_class, r, tile)),
+                  (_kernel("kd_ref_lr_tiles"), lambda tile: (ref_class, r, tile, ref_lr_ex)),
+                  "route: reference scan")
+        tile_scan(cp, num_events + 1,
+                  (_kernel("kd_event_lr_tile_sums"),
+                   lambda tile: (event_ref, ref_class, clip, e, tile)),
+                  (_kernel("kd_event_lr_tiles"),
+                   lambda tile: (event_ref, ref_class, clip, e, tile, event_lr_ex)),
+                  "route: event scan")
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
@@ -456,11 +461,9 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     box_lo, box_hi = tri_lo, tri_hi
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
-    ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, refs, events, best, node_split,
-                                                         box_lo, box_hi, cfg.clip)
+    ref_class = classify_triangles_gpu(cp, refs, best, node_split, box_lo, box_hi, cfg.clip)
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
-        cp, nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
-    del ref_lr, event_lr
+        cp, nodes, node_split, split_leaf_ex, ref_class, events, cfg.clip, small)
     # The level's node records and its children's boxes need no count of the read
     # below: queued before it, they keep the GPU busy while the host reads and
     # makes the children's arrays (H100, armadillo subdivided twice: 0.37 ms of

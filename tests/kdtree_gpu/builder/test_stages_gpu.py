@@ -84,11 +84,10 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
         box_lo, box_hi = reference_boxes_gpu(cp, lvl.events, lvl.refs.size, lvl.nodes.size)
         equal(box_lo, want["ref_lo"], f"reference_boxes, {where}: lo")
         equal(box_hi, want["ref_hi"], f"reference_boxes, {where}: hi")
-    ref_class, ref_lr, event_lr = classify_triangles_gpu(cp, lvl.refs, lvl.events, best,
-                                                         node_split, box_lo, box_hi, cfg.clip)
+    ref_class = classify_triangles_gpu(cp, lvl.refs, best, node_split, box_lo, box_hi, cfg.clip)
     equal(ref_class, want["ref_class"], f"classify_triangles, {where}")
     ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
-        cp, lvl.nodes, node_split, split_leaf_ex, ref_lr, event_lr, small)
+        cp, lvl.nodes, node_split, split_leaf_ex, ref_class, lvl.events, cfg.clip, small)
     counts = [want[k] for k in ("num_split", "num_child_refs", "num_child_events",
                                 "num_leaf_refs")]
     equal(totals, counts, f"route_to_children, {where}: totals")
