@@ -26,7 +26,8 @@ kd_open_close_tile_sums(const signed char* __restrict__ event_kind, long long nu
 
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_open_close_tiles(const signed char* __restrict__ event_kind, long long num_events,
-                    const long long* __restrict__ tile_prefix, long long* __restrict__ open_close_ex)
+                    const long long* __restrict__ tile_prefix,
+                    long long* __restrict__ open_close_ex)
 {
     kd_scan_tile(KdLoadOpenClose{event_kind}, num_events + 1, tile_prefix, open_close_ex);
 }

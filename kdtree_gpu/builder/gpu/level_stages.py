@@ -107,8 +107,8 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
     warp of the pass finds the arg-min of the segments inside its 32 events
     and leaves a partial one for the (at most two) segments that reach past
-    them, which :func:`select_best_splits_gpu` completes. The flags
-    are scanned in place.
+    them, which :func:`select_best_splits_gpu` completes. The open/close
+    flags are derived from the kinds as their scan loads them.
     """
     n, num_events = nodes.size, events.size
     open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
