@@ -159,6 +159,14 @@ class LevelBuffers:
 # launch with larger ones.
 SHRINKING_EIGHTHS = 9
 
+# The fewest events a loop buffer holds. A level's cost pass keeps its partial
+# arg-min rows, two of 24 bytes for every 32 events (kd_split_cost_warp), in the
+# next level's slot of event_ref, 4 bytes an event of capacity, from an 8-byte
+# aligned start: 48 * ceil(E / 32) + 7 bytes fit in 4 * cap bytes for every
+# E <= cap once cap >= 22 (the default capacities add thousands; a capacity
+# callable may give a level's own size).
+LOOP_MIN_EVENTS = 32
+
 
 def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
               resident: int = 0, parent_events: int = 0):
@@ -197,7 +205,7 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
     if small and num_events < parent_events:
         cap_e = min(cap_e, SHRINKING_EIGHTHS * num_events // 8 + 4096)
         cap_r = min(cap_r, SHRINKING_EIGHTHS * num_refs // 8 + 1024)
-    cap_e = max(num_events, min(cap_e, max_events))
+    cap_e = max(num_events, min(cap_e, max_events), LOOP_MIN_EVENTS)
     cap_r = max(num_refs, min(cap_r, max_events // 3 + 1))
     cap_n = max(num_nodes, cap_n)
     # new events of clipped references (measured with the NumPy pipeline: up to
