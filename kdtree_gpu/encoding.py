@@ -179,6 +179,10 @@ CLIP_KIND_SHIFT = 30
 # integer atomicMin on the bits is an exact float64 minimum.
 INF_BITS = 0x7FF0000000000000
 NO_INDEX = 0xFFFFFFFFFFFFFFFF
+# The cost pass's partial arg-mins (kd_split_cost_warp): each warp of 32 events
+# leaves ARGMIN_ROWS_PER_WARP rows of ARGMIN_ROW uint64 (segment, minimum, index).
+ARGMIN_ROW = 3
+ARGMIN_ROWS_PER_WARP = 2
 
 # --- launch shapes shared by a driver and its kernels ---------------------------
 SCAN_BLOCK = 256  # threads of the block scans and of the three-launch scan

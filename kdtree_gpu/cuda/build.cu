@@ -89,14 +89,15 @@ kd_split_costs(const float* __restrict__ event_pos,
 }
 
 // The arg-min of the segments that reach past a warp's events in kd_split_costs: its
-// partial rows (3 words each: segment, minimum, index), once seg_min_cost is final.
+// partial rows (KD_ARGMIN_ROW words each: segment, minimum, index), once seg_min_cost
+// is final.
 extern "C" __global__ void kd_argmin_partials(const unsigned long long* __restrict__ partial,
                                               long long num_rows,
                                               const unsigned long long* __restrict__ seg_min_cost,
                                               unsigned long long* seg_best)
 {
     const long long i = kd_tid();
-    if (i < num_rows) kd_argmin_partial(partial + 3 * i, seg_min_cost, seg_best);
+    if (i < num_rows) kd_argmin_partial(partial + KD_ARGMIN_ROW * i, seg_min_cost, seg_best);
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),

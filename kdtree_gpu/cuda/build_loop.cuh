@@ -224,7 +224,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         signed char* event_side = lvl_events.event_kind + nxt * cap_events;
         unsigned long long* partial_rows = (unsigned long long*)(
             ((size_t)(lvl_events.event_ref + nxt * cap_events) + 7) & ~(size_t)7);
-        const long long num_rows = 2 * ((num_events + 31) / 32);
+        const long long num_rows = KD_ARGMIN_ROWS_PER_WARP * ((num_events + 31) / 32);
         // segments derived, not stored (the buffers hold no event_seg rows)
         const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
         KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
@@ -241,7 +241,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         // select_best_splits and decide_leaves (R4, R8): first the arg-min of
         // the segments that reach past a warp's events
         kd_grid_for(num_rows, [&](long long i) {
-            if (i < num_rows) kd_argmin_partial(partial_rows + 3 * i, s.seg_min_cost, s.seg_best);
+            if (i < num_rows)
+                kd_argmin_partial(partial_rows + KD_ARGMIN_ROW * i, s.seg_min_cost, s.seg_best);
         });
         grid.sync();
         KdSelectArgs select = {s.seg_best, pos, event_side, node_ref_offset, n, leaf_size,

@@ -247,17 +247,17 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     const bool part = (from_before || on_after) && m != KD_NO_INDEX;
     if (part && m < a.seg_min_cost[seg]) atomicMin(a.seg_min_cost + seg, m);
     // rows 2w (the first run's part) and 2w + 1 (the last one's), w = w0 / 32
-    unsigned long long* rows = partial_rows + 3 * 2 * (w0 >> 5);
+    unsigned long long* rows = partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5);
     const unsigned last_part = __ballot_sync(full, part && on_after);
     if (part) {
-        unsigned long long* row = rows + 3 * (on_after ? 1 : 0);
+        unsigned long long* row = rows + KD_ARGMIN_ROW * (on_after ? 1 : 0);
         row[0] = (unsigned long long)seg;
         row[1] = m;
         row[2] = best;
     }
     // (lane 0's run may be the last one's part: then row 2w holds none)
     if (lane == 0 && !(part && from_before)) rows[0] = KD_NO_INDEX;
-    if (lane == 1 && !last_part) rows[3] = KD_NO_INDEX;
+    if (lane == 1 && !last_part) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
 }
 
 // After kd_split_cost_warp: a partial row's index is its segment's arg-min

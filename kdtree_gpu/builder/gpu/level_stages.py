@@ -66,9 +66,9 @@ class SplitCosts:
         Each segment's lowest event index at its minimum, but for the
         segments that reach past a warp's events in the cost pass: ``partial``
         holds theirs.
-    partial : (2 * warps, 3) uint64
+    partial : (ARGMIN_ROWS_PER_WARP * warps, ARGMIN_ROW) uint64
         The warps' partial arg-mins (segment, minimum, index;
-        ``kd_split_cost_warp``).
+        ``kd_split_cost_warp``; ``encoding``).
     event_cost : (2E,) uint32 or None
         Each event's float64 cost as two 32-bit halves (the high words, then
         the low words; :func:`event_costs` reads them back), only when asked
@@ -128,7 +128,8 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                   "compute_split_costs: scan")
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
-    partial = cp.empty((2 * (-(-num_events // 32)), 3), dtype=np.uint64)  # 2 a warp
+    warps = -(-num_events // 32)
+    partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
            _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost,
                       event_side, seg_min_cost, seg_best, partial))
