@@ -50,7 +50,7 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // event's cost and side, each segment's minimum cost into seg_min_cost and
 // its lowest event index at that minimum into seg_best (kd_split_cost_warp:
 // a warp's 32 events at a time; segments reaching past them leave partial
-// rows, 2 a warp, for kd_argmin_partials). event_seg may be
+// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg may be
 // null (the per-stage path stores segments only when clipping): each event's
 // segment then comes from its reference's node and its place. event_cost_hi
 // and _lo (the tests') get each cost's two halves where not null.
