@@ -98,8 +98,7 @@ __device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
     long long begin, end, carry;
     const long long chunk = kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
     if (threadIdx.x == 0) chunk_base[blockIdx.x] = carry;
-    kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry,
-                                             KdStoreChunkLocal{local, carry});
+    kd_block_scan_flags_local<Load, KD_LOOP_BLOCK>(load, begin, end, local);
     return KdPackedScan(local, chunk_base, chunk);
 }
 
