@@ -13,7 +13,8 @@ package's: the totals sit near, not at, the profile's ``build_levels_grid``::
 
     python benchmarks/probe_loop_phases.py stanford_bunny conference [MESH ...]
 
-One JSON line per mesh (REPS warm builds; every phase's median over them).
+One JSON line per mesh (REPS warm builds; every phase's median over them), with
+each level's nodes, references and events beside its time.
 """
 import importlib.util
 import json
@@ -149,6 +150,7 @@ def main(names) -> None:
             loop_ms.append(tree.build_info["profile"].get("build_levels_grid",
                                                           {}).get("total_ms", 0.0))
         med = lambda runs, k: round(statistics.median(r.get(k, 0.0) for r in runs), 2)
+        sizes = tree.build_info.get("level_sizes") or []
         lines = sorted({k for r in runs_phase for k in r})
         levels = sorted({k for r in runs_level for k in r})
         print(json.dumps({
@@ -156,7 +158,10 @@ def main(names) -> None:
             "loop_kernel": tree.build_info.get("loop_kernel"),
             "loop_ms_profile": round(statistics.median(loop_ms), 3),
             "phases_us": {labels.get(k, str(k)): med(runs_phase, k) for k in lines},
-            "levels_us": {int(k): med(runs_level, k) for k in levels}}), flush=True)
+            "levels_us": {int(k): med(runs_level, k) for k in levels},
+            # each level's (nodes, references, events), by the same level numbers
+            "level_sizes": {int(k): list(sizes[k]) for k in levels if k < len(sizes)}}),
+              flush=True)
 
 
 if __name__ == "__main__":
