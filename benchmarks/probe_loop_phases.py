@@ -16,6 +16,7 @@ package's: the totals sit near, not at, the profile's ``build_levels_grid``::
 One JSON line per mesh (REPS warm builds; every phase's median over them), with
 each level's nodes, references and events beside its time.
 """
+import atexit
 import importlib.util
 import json
 import os
@@ -116,6 +117,7 @@ def phases(marks: list) -> tuple:
 
 def main(names) -> None:
     root, original = instrumented_package()
+    atexit.register(shutil.rmtree, root, True)
     sys.path.insert(0, str(root))
     sys.path.insert(1, os.path.join(os.getcwd(), "benchmarks"))
     import cupy
