@@ -69,6 +69,30 @@ __device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, 
                                      [out](long long i, long long value) { out[i] = value; });
 }
 
+// The rounds of a warp-striped tile scan (kd_scan_tile, kd_block_scan_flags_local):
+// lane l of a warp holds v[j], item base + 32 j (base: the warp's first item plus
+// l); each round scans 32 consecutive items across the lanes and stores carry
+// plus each one's inclusive scan with store(i, value) where i < end. Every
+// lane calls it. Returns carry plus the warp's items' sum.
+template <typename T, typename Store>
+__device__ __forceinline__ T kd_warp_scan_rounds(const T (&v)[KD_SCAN_ITEMS], long long base,
+                                                 long long end, T carry, Store store)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        T x = v[j];
+        for (int o = 1; o < 32; o <<= 1) {
+            const T y = __shfl_up_sync(full, x, o);
+            if (lane >= o) x += y;
+        }
+        const long long i = base + 32 * j;
+        if (i < end) store(i, carry + x);
+        carry += __shfl_sync(full, x, 31);
+    }
+    return carry;
+}
+
 // A scan of packed (low, high << 32) counts, read as whole int64 values.
 // Stored whole (one int64 per item), or in half the bytes where every item
 // adds at most 1 to each count (the level loop's flag scans): the counts
@@ -130,16 +154,8 @@ __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long b
         unsigned int prefix =
             (unsigned int)kd_block_exclusive_scan<BLOCK>(lane == 0 ? (long long)sum : 0, &total);
         prefix = __shfl_sync(full, prefix, 0) + carry;
-        for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-            unsigned int x = v[j];
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned int y = __shfl_up_sync(full, x, o);
-                if (lane >= o) x += y;
-            }
-            const long long i = base + 32 * j;
-            if (i < end) local[i] = prefix + x;
-            prefix += __shfl_sync(full, x, 31);
-        }
+        kd_warp_scan_rounds(v, base, end, prefix,
+                            [local](long long i, unsigned int value) { local[i] = value; });
         carry += (unsigned int)total;
     }
     __syncthreads();
@@ -229,14 +245,5 @@ __device__ __forceinline__ void kd_scan_tile(Load load, long long n,
     long long total;
     long long carry = kd_block_exclusive_scan(lane == 0 ? sum : 0, &total);
     carry = __shfl_sync(full, carry, 0) + tile_prefix[blockIdx.x];
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        long long x = v[j];
-        for (int o = 1; o < 32; o <<= 1) {
-            long long y = __shfl_up_sync(full, x, o);
-            if (lane >= o) x += y;
-        }
-        long long i = base + 32 * j;
-        if (i < n) out[i] = carry + x;
-        carry += __shfl_sync(full, x, 31);
-    }
+    kd_warp_scan_rounds(v, base, n, carry, [out](long long i, long long value) { out[i] = value; });
 }
