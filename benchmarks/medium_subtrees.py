@@ -67,8 +67,9 @@ def medium(spec, mesh_dir, thresholds=THRESHOLDS, small_refs=64, small_min_refs=
                                           small_min_refs, max_events)
     split = axis != leaf
     # the loop's nodes: those of its levels that no deferred node is above
+    order = np.argsort(depth, kind="stable")  # parents before their children
     below_deferred = np.zeros(refs.size, dtype=bool)
-    for i in np.argsort(depth, kind="stable"):
+    for i in order:
         p = parent[i]
         if p >= 0 and (deferred[p] or below_deferred[p]):
             below_deferred[i] = True
@@ -83,31 +84,27 @@ def medium(spec, mesh_dir, thresholds=THRESHOLDS, small_refs=64, small_min_refs=
     row["loop_model_ms"] = round((row["loop_levels"] * floor_us
                                   + row["loop_event_levels"] * event_ps * 1e-6) / 1000, 3)
     row["thresholds"] = []
+    up = np.where(parent >= 0, refs[np.maximum(parent, 0)], np.iinfo(np.int64).max)
     for t in thresholds:
-        up = np.where(parent >= 0, refs[np.maximum(parent, 0)], np.iinfo(np.int64).max)
         roots = loop_nodes & split & ~deferred & (refs > small_refs) & (refs <= t) & (up > t)
-        # a root's subtree down to (not into) the nodes the loop would defer
-        in_block = roots.copy()
-        for i in np.argsort(depth, kind="stable"):
-            p = parent[i]
-            if p >= 0 and in_block[p] and split[p] and not deferred[p]:
-                in_block[i] = True
-        in_block &= loop_nodes
-        kept = loop_nodes & ~in_block
+        # a root's subtree down to (not into) the nodes the loop would defer, of the
+        # loop's nodes; each member's depth below its root and its root
+        reach = roots.copy()
+        in_block = roots & loop_nodes
         rel = np.full(refs.size, -1, dtype=np.int64)
-        for i in np.argsort(depth, kind="stable"):
+        root_of = np.full(refs.size, -1, dtype=np.int64)
+        for i in order:
+            p = parent[i]
+            if p >= 0 and reach[p] and split[p] and not deferred[p]:
+                reach[i] = True
+                in_block[i] = loop_nodes[i]
             if roots[i]:
-                rel[i] = 0
+                rel[i], root_of[i] = 0, i
             elif in_block[i]:
-                rel[i] = rel[parent[i]] + 1
+                rel[i], root_of[i] = rel[p] + 1, root_of[p]
+        kept = loop_nodes & ~in_block
         # a subtree's widest level (its events summed over the nodes at one depth below
         # its root): what a block holds if it runs its subtree level by level
-        root_of = np.full(refs.size, -1, dtype=np.int64)
-        for i in np.argsort(depth, kind="stable"):
-            if roots[i]:
-                root_of[i] = i
-            elif in_block[i]:
-                root_of[i] = root_of[parent[i]]
         member = np.flatnonzero(in_block)
         widest = 0
         if member.size:
