@@ -148,8 +148,7 @@ def event_costs(event_cost):
     return ((hi.astype(np.uint64) << np.uint64(32)) | lo).view(np.float64)
 
 
-def select_best_splits_gpu(cp, cfg, events, refs, nodes, costs, level_active, small,
-                           small_refs=0):
+def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, small_refs=0):
     """R8 and R4: each segment's lowest-index minimum, each node's best plane,
     whether it splits, and the scan of the (split, leaf references) pairs.
 
@@ -448,7 +447,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     level_active = level < max_depth
     small = max(num_events, num_refs, 8 * n + 2) < settings.small_level
     costs = compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small)
-    best, node_split, split_leaf_ex = select_best_splits_gpu(cp, cfg, events, refs, nodes, costs,
+    best, node_split, split_leaf_ex = select_best_splits_gpu(cp, cfg, events, nodes, costs,
                                                              level_active, small, state.small_refs)
     # Each array is dropped after its last use, so that later stages reuse its memory.
     del costs

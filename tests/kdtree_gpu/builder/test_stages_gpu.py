@@ -70,9 +70,9 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     finite = np.isfinite(want["event_cost"].get())
     equal(costs.event_side.get()[finite], want["event_side"].get()[finite],
           f"compute_split_costs, {where}: event_side")
-    # (the arg-min computes the costs again: the builder stores none)
+    # (the arg-min completes the cost pass's partial rows: the builder stores no cost)
     best, node_split, split_leaf_ex = select_best_splits_gpu(
-        cp, cfg, lvl.events, lvl.refs, lvl.nodes, costs, level_active, small)
+        cp, cfg, lvl.events, lvl.nodes, costs, level_active, small)
     equal(node_split, want["node_split"], f"decide_leaves, {where}: node_split")
     s = want["node_split"].get()
     for name in ("node_axis", "node_pos", "node_side", "node_cost"):
