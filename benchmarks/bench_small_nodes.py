@@ -43,7 +43,8 @@ def bench_mesh(spec, args):
         tree = kd.build(V, F, settings=settings)
         info = tree.build_info
         run = {"small_refs": small, "ms": ms, "ms_all": times, "levels": info["levels"],
-               "small_subtrees": info["small_subtrees"], "nodes": tree.num_nodes,
+               "small_subtrees": info["small_subtrees"],
+               "medium_subtrees": info.get("medium_subtrees", 0), "nodes": tree.num_nodes,
                "refs": tree.num_refs, "loop_launches": info["loop_launches"],
                "subtree_runs_full": info["small_runs_full"],
                "peak_bytes_per_triangle": info["peak_device_bytes"] / int(F.shape[0])}
@@ -73,10 +74,11 @@ def markdown(result):
         "runs" in result["meshes"][0] else 0
     # the ratio is to the first setting measured (the default, 0, unless told otherwise)
     lines += md_head("mesh", "triangles", "small_refs", "build ms", f"vs {first}",
-                     "peak B/tri", "loop levels", "loop launches", "subtrees", "same tree")
+                     "peak B/tri", "loop levels", "loop launches", "subtrees", "of them medium",
+                     "same tree")
     for r in result["meshes"]:
         if "error" in r:
-            lines.append(md_row(r["mesh"], "-", "-", r["error"], "", "", "", "", "", ""))
+            lines.append(md_row(r["mesh"], "-", "-", r["error"], "", "", "", "", "", "", ""))
             continue
         base = r["runs"][0]["ms"]
         for run in r["runs"]:
@@ -84,7 +86,8 @@ def markdown(result):
             lines.append(md_row(r["mesh"], f"{r['triangles']:,}", run["small_refs"],
                                 f"{run['ms']:.2f}", f"{run['ms'] / base:.2f}x",
                                 f"{run['peak_bytes_per_triangle']:,.0f}", run["levels"],
-                                run["loop_launches"], f"{run['small_subtrees']:,}", same))
+                                run["loop_launches"], f"{run['small_subtrees']:,}",
+                                f"{run.get('medium_subtrees', 0):,}", same))
     lines += ["", "Profiled build at the largest setting (ms):", ""]
     lines += md_head("mesh", "level loop", "subtree stage", "subtree stage runs")
     for r in result["meshes"]:

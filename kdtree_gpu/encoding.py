@@ -96,15 +96,19 @@ LOOP_STOPPED = 1
 
 # --- small-node subtrees (builder.gpu.small) ------------------------------------
 # A node the level loop would split that holds at most GpuSettings.small_refs
-# (<= SMALL_MAX_REFS) references is deferred: the loop writes it as a leaf and a
+# (<= MEDIUM_MAX_REFS) references is deferred: the loop writes it as a leaf and a
 # record of SMALL_RECORD int32 (tree node, depth | count << SMALL_COUNT_SHIFT,
 # start of its references, box lo and hi as float bits: cuda/small_record.cuh);
-# its subtree is then built one launch per level, a warp per node (a thread
-# per node of at most SMALL_TINY_REFS references), from
+# its subtree is then built one launch per level, a block per node of more
+# than SMALL_MAX_REFS references (a medium node), a warp per node of at most
+# SMALL_MAX_REFS and a thread per node of at most SMALL_TINY_REFS, from
 # records of the same layout.
 SMALL_MAX_REFS = 64  # two references per lane of a warp
+MEDIUM_MAX_REFS = 1024  # a multiple of MEDIUM_BLOCK: a medium node, in shared memory
+MEDIUM_BLOCK = 256  # threads of the medium-node kernel
+MEDIUM_BUCKETS = 512  # a multiple of MEDIUM_BLOCK: a medium node's positions by bucket
 SMALL_RECORD = 9
-SMALL_COUNT_SHIFT = 24  # depths below 2**24, counts up to SMALL_MAX_REFS above them
+SMALL_COUNT_SHIFT = 16  # depths below 2**16, counts up to MEDIUM_MAX_REFS above them
 SMALL_BLOCK = 128  # threads of the subtree kernel: four warps
 # a subtree node of at most this many references takes a thread, a larger one a warp
 SMALL_TINY_REFS = 8
@@ -114,11 +118,13 @@ SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scr
 # leaf_tris entries the deferred nodes' level-loop leaves leave unused, and
 # the first level that found a buffer full. Then SMALL_LEVEL_ROW per level L:
 # the records and references of level L (written by level L - 1; the records
-# word counts those of more than SMALL_TINY_REFS references, at the front of
-# their buffer, in its low 32 bits and the others, at the back, in its high
-# ones: builder.gpu.small.level_records), and the tree nodes and leaf entries
+# word counts those of SMALL_TINY_REFS + 1 .. SMALL_MAX_REFS references, at
+# the front of their buffer, in its low 32 bits and those of fewer, at the
+# back, in its high ones: builder.gpu.small.level_records), its medium records
+# (in a buffer of their own; level 0's are the deferred records of more than
+# SMALL_MAX_REFS references, copied there), and the tree nodes and leaf entries
 # level L takes (so that a run can go on from a level: the counts before it
-# are the sums of the rows above it).
+# are the sums of the rows above it; a level's inputs come before them).
 SMALL_NODES = 0
 SMALL_LEAVES = 1
 SMALL_OVERFLOW = 2
@@ -128,9 +134,10 @@ SMALL_FULL_LEVEL = 5
 SMALL_COUNTERS = 6
 SMALL_LEVEL_RECORDS = 0
 SMALL_LEVEL_REFS = 1
-SMALL_LEVEL_NODES = 2
-SMALL_LEVEL_LEAVES = 3
-SMALL_LEVEL_ROW = 4
+SMALL_LEVEL_MEDIUM = 2
+SMALL_LEVEL_NODES = 3
+SMALL_LEVEL_LEAVES = 4
+SMALL_LEVEL_ROW = 5
 SMALL_RECORDS_BACK_SHIFT = 32
 SMALL_RECORDS_FRONT = (1 << SMALL_RECORDS_BACK_SHIFT) - 1  # the records word's low part
 # bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full

@@ -125,10 +125,12 @@ class GpuSettings:
         (:meth:`loop_capacities`).
     small_refs : int
         A node the level-loop kernel or a level run by stages would split that
-        holds at most this many references (0 .. ``encoding.SMALL_MAX_REFS``)
-        is deferred, and its subtree is built afterwards, one warp per node
-        and one launch per level (:mod:`kdtree_gpu.builder.gpu.small`); 0
-        builds every level in the loop or by stages. The default,
+        holds at most this many references (0 .. ``encoding.MEDIUM_MAX_REFS``)
+        is deferred, and its subtree is built afterwards, one launch per
+        level: one block per node of more than ``encoding.SMALL_MAX_REFS``
+        references, one warp per smaller node
+        (:mod:`kdtree_gpu.builder.gpu.small`); 0 builds every level in the
+        loop or by stages. The default,
         ``SMALL_MAX_REFS`` (64), was measured fastest on an H100 (bunny,
         happy Buddha, dragon, armadillo: 0.76-0.93x the build time with 0;
         conference 0.88-1.04x over four runs;
@@ -212,7 +214,7 @@ class GpuSettings:
         return tuple(max(1, int(n)) for n in make(deferred_refs))
 
     def __post_init__(self):
-        limits = {"small_refs": (0, enc.SMALL_MAX_REFS), "small_min_refs": (0, None),
+        limits = {"small_refs": (0, enc.MEDIUM_MAX_REFS), "small_min_refs": (0, None),
                   "loop_one_block_events": (0, None),
                   "small_records": (0, None),
                   "workspace_block": (1, None), "loop_blocks": (0, None),

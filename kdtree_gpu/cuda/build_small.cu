@@ -12,7 +12,7 @@
 // the loop's dozen grid barriers and event passes.
 //
 // The best plane of each node is small_split.cuh's.
-#include "small_split.cuh"
+#include "medium_node.cuh"
 
 // v's exclusive prefix over the warp's lanes plus what one atomicAdd of the
 // warp's total to *counter returned (every lane calls it): a slot per lane for
@@ -34,122 +34,8 @@ __device__ __forceinline__ unsigned long long kd_warp_take(unsigned long long* c
     return __shfl_sync(full, base, 0) + x - v;
 }
 
-// The tree as the subtree levels write it: node i below node_split in `lo`,
-// the others in `hi` at i - node_split (a second page, made when the first
-// was full: the first is not copied into a larger one); the same for the
-// leaf list. Without a second page the splits are past every index.
-struct KdSmallTree {
-    KdTreeNodes lo, hi;
-    int* leaf_lo;
-    int* leaf_hi;
-    long long node_split, leaf_split;
-
-    __device__ __forceinline__ void set_node(long long i, int axis, float split, int child,
-                                             int count) const
-    {
-        const KdTreeNodes& t = page(i);
-        const long long k = page_index(i);
-        t.node_axis[k] = (signed char)axis;
-        t.node_split[k] = split;
-        t.node_child[k] = child;
-        t.node_count[k] = count;
-    }
-    __device__ __forceinline__ long long page_index(long long i) const
-    {
-        return i < node_split ? i : i - node_split;
-    }
-    __device__ __forceinline__ const KdTreeNodes& page(long long i) const
-    {
-        return i < node_split ? lo : hi;
-    }
-    __device__ __forceinline__ int* leaf(long long i) const
-    {
-        return i < leaf_split ? leaf_lo + i : leaf_hi + (i - leaf_split);
-    }
-};
-
-// What every node of a subtree level reads and writes (kd_build_small_level).
-struct KdSmallLevel {
-    const float* __restrict__ tri_lo;
-    const float* __restrict__ tri_hi;
-    const int* __restrict__ in_refs;
-    unsigned long long* counters;
-    unsigned long long* row;   // this level's counts
-    unsigned long long* next;  // its children's
-    int* __restrict__ out_rec;
-    int* __restrict__ out_refs;
-    long long rec_capacity, ref_capacity, node_capacity, leaf_capacity;
-    unsigned long long nodes_before, leaves_before;  // taken by the levels before this one
-    KdSmallTree tree;
-    int level;
-};
-
-// A buffer found full: its bits, and the first level that found one.
-__device__ __forceinline__ void kd_small_full(const KdSmallLevel& L, unsigned long long bits)
-{
-    atomicOr(L.counters + KD_SMALL_OVERFLOW, bits);
-    atomicMin(L.counters + KD_SMALL_FULL_LEVEL, (unsigned long long)L.level);
-}
-
-// The buffers a split node's output would overflow (KD_SMALL_FULL_* bits):
-// the tree's node pair at `child`, its live children's records (slot: what
-// the records word gave, front | back << KD_SMALL_RECORDS_BACK_SHIFT) and
-// their references up to `refs_end`.
-__device__ __forceinline__ unsigned long long kd_small_split_full(const KdSmallLevel& L,
-                                                                  unsigned long long child,
-                                                                  unsigned long long slot,
-                                                                  int live,
-                                                                  unsigned long long refs_end)
-{
-    return (child + 2 > (unsigned long long)L.node_capacity ? KD_SMALL_FULL_NODES : 0ull)
-           | ((slot & KD_SMALL_RECORDS_FRONT) + (slot >> KD_SMALL_RECORDS_BACK_SHIFT) + live
-                      > (unsigned long long)L.rec_capacity
-                  ? KD_SMALL_FULL_RECORDS : 0ull)
-           | (refs_end > (unsigned long long)L.ref_capacity ? KD_SMALL_FULL_REFS : 0ull);
-}
-
-// make_child_nodes for a node split at (axis, pos) into tree nodes child and
-// child + 1 (left hi[axis] = pos, right lo[axis] = pos): a child without
-// references is a leaf now, the others the next level's records, whose
-// references start at `first` (the left child's, then the right one's). A
-// record of KD_SMALL_TINY_REFS or fewer references goes to the back of
-// out_rec (a thread takes it), a larger one to the front (a warp takes it);
-// slot is what the records word gave: front | back << 32. Returns the depth
-// of the leaves it made, or -1.
-__device__ __forceinline__ int kd_small_children(const KdSmallLevel& L, const KdSmallRecord& rec,
-                                                 int axis, float pos, long long child,
-                                                 unsigned long long slot, unsigned long long first,
-                                                 int num_left, int num_right)
-{
-    L.tree.set_node(rec.node, axis, pos, (int)child, 0);
-    float hi_l[3], lo_r[3];  // (selects: an indexed store would put them in local memory)
-#pragma unroll
-    for (int k = 0; k < 3; ++k) {
-        hi_l[k] = k == axis ? pos : rec.hi[k];
-        lo_r[k] = k == axis ? pos : rec.lo[k];
-    }
-    long long front = (long long)(slot & KD_SMALL_RECORDS_FRONT);
-    long long back = (long long)(slot >> KD_SMALL_RECORDS_BACK_SHIFT);
-    const int counts[2] = {num_left, num_right};
-    int deepest = -1;
-    for (int side = 0; side < 2; ++side) {
-        const int c = (int)child + side;
-        if (counts[side] == 0) {
-            L.tree.set_node(c, KD_AXIS_LEAF, 0.0f, 0, 0);  // (child: set when packed)
-            deepest = rec.depth + 1;
-            continue;
-        }
-        const long long at = counts[side] <= KD_SMALL_TINY_REFS ? L.rec_capacity - 1 - back++
-                                                                : front++;
-        kd_small_write_record(L.out_rec + at * KD_SMALL_RECORD, c, rec.depth + 1,
-                              first + (side ? num_left : 0), counts[side],
-                              side ? lo_r : rec.lo, side ? rec.hi : hi_l);
-    }
-    return deepest;
-}
-
-// A node of more than KD_SMALL_TINY_REFS references (or a deferred one), one
-// warp: lane l holds references l and l + 32.
+// A node of more than KD_SMALL_TINY_REFS references (or a deferred one of at
+// most KD_SMALL_MAX_REFS), one warp: lane l holds references l and l + 32.
 __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const int* rec_words,
                                                    const KdLoopSettings& cfg)
 {
@@ -158,6 +44,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     const unsigned lanes_below = (1u << lane) - 1u;
     const KdSmallRecord rec = kd_small_read_record(rec_words);
     const int r = rec.count;
+    if (r > KD_SMALL_MAX_REFS) return;  // a deferred medium node: a block takes it
     int tri[KD_SMALL_PER_LANE];
     float blo[KD_SMALL_PER_LANE][3], bhi[KD_SMALL_PER_LANE][3];
     for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
@@ -220,7 +107,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     slot = __shfl_sync(full, slot, 0);
     first = __shfl_sync(full, first, 0);
     const unsigned long long full_bits =
-        kd_small_split_full(L, child, slot, live, first + num_left + num_right);
+        kd_small_split_full(L, child, slot, live, 0, first + num_left + num_right);
     if (full_bits) {
         if (lane == 0) kd_small_full(L, full_bits);
         return;
@@ -237,7 +124,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     }
     if (lane == 0) {
         const int deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot,
-                                               first, num_left, num_right);
+                                               0, first, num_left, num_right);
         if (deepest >= 0) atomicMax(L.counters + KD_SMALL_DEPTH, (unsigned long long)deepest);
     }
 }
@@ -297,7 +184,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
             deepest = rec.depth;
         }
     } else if (split) {
-        full_bits = kd_small_split_full(L, child, slot, kids, first + num_left + num_right);
+        full_bits = kd_small_split_full(L, child, slot, kids, 0, first + num_left + num_right);
         if (!full_bits) {
             int l = 0, rr = num_left;
 #pragma unroll
@@ -305,7 +192,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
                 if (cls[q] & KD_CLASS_LEFT) L.out_refs[first + l++] = tri[q];
                 if (cls[q] & KD_CLASS_RIGHT) L.out_refs[first + rr++] = tri[q];
             }
-            deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot,
+            deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot, 0,
                                         first, num_left, num_right);
         }
     }
@@ -334,22 +221,12 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
 // and the level in counters[KD_SMALL_FULL_LEVEL], every later launch
 // returns, and the host makes room and runs the levels again from that one
 // (the levels before it are done, and its input is only read).
-extern "C" __global__ void __launch_bounds__(KD_SMALL_BLOCK)
-kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
-                     const int* __restrict__ in_rec, const int* __restrict__ in_refs,
-                     long long in_capacity, int level, unsigned long long* counters,
-                     int* __restrict__ out_rec, int* __restrict__ out_refs,
-                     long long rec_capacity, long long ref_capacity, KdTreeNodes out,
-                     int* leaf_tris, KdTreeNodes out_more, int* leaf_more, long long node_split,
-                     long long leaf_split, long long node_capacity, long long leaf_capacity,
-                     KdLoopSettings cfg)
+// The tree nodes and leaf entries the levels before `level` took, in before[0]
+// and before[1] (shared memory); false when a level found a buffer full
+// (every later launch returns). Every thread of the block calls it.
+__device__ __forceinline__ bool kd_small_level_start(unsigned long long* counters, int level,
+                                                     unsigned long long* before)
 {
-    const int lane = threadIdx.x & 31;
-    const long long num_warps = (long long)gridDim.x * (blockDim.x >> 5);
-    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
-    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
-    // the tree nodes and leaf entries taken before this level
-    __shared__ unsigned long long before[2];
     __shared__ int stop;
     if (threadIdx.x == 0) {
         stop = *(volatile unsigned long long*)(counters + KD_SMALL_OVERFLOW) != 0;
@@ -363,10 +240,32 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
         atomicAdd(&before[1], r[KD_SMALL_LEVEL_LEAVES]);
     }
     __syncthreads();
-    if (stop) return;
+    return !stop;
+}
+
+#define KD_SMALL_TREE_PARAMS                                                                 \
+    KdTreeNodes out, int *leaf_tris, KdTreeNodes out_more, int *leaf_more,                   \
+        long long node_split, long long leaf_split, long long node_capacity,                 \
+        long long leaf_capacity
+
+extern "C" __global__ void __launch_bounds__(KD_SMALL_BLOCK)
+kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                     const int* __restrict__ in_rec, const int* __restrict__ in_refs,
+                     long long in_capacity, int level, unsigned long long* counters,
+                     int* __restrict__ out_rec, int* __restrict__ out_refs,
+                     long long rec_capacity, long long ref_capacity, KD_SMALL_TREE_PARAMS,
+                     KdLoopSettings cfg)
+{
+    const int lane = threadIdx.x & 31;
+    const long long num_warps = (long long)gridDim.x * (blockDim.x >> 5);
+    const long long warp = ((long long)blockIdx.x * blockDim.x + threadIdx.x) >> 5;
+    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
+    __shared__ unsigned long long before[2];
+    if (!kd_small_level_start(counters, level, before)) return;
+    // (a warp's node has no medium children)
     const KdSmallLevel L = {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW,
-                            out_rec, out_refs, rec_capacity, ref_capacity, node_capacity,
-                            leaf_capacity, before[0], before[1],
+                            out_rec, out_refs, nullptr, rec_capacity, ref_capacity, 0,
+                            node_capacity, leaf_capacity, before[0], before[1],
                             {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
     const unsigned long long records = row[KD_SMALL_LEVEL_RECORDS];
     const long long num_wide = (long long)(records & KD_SMALL_RECORDS_FRONT);
@@ -375,6 +274,49 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
         kd_small_wide_node(L, in_rec + w * KD_SMALL_RECORD, cfg);
     for (long long j = 32 * warp + lane; j - lane < num_tiny; j += 32 * num_warps)
         kd_small_tiny_node(L, j < num_tiny, in_rec + (in_capacity - 1 - j) * KD_SMALL_RECORD, cfg);
+}
+
+// One level's medium nodes (SMALL_MAX_REFS + 1 .. MEDIUM_MAX_REFS references),
+// a block each: kd_build_small_level's level, launched before it, for the
+// records in_medium (level 0: kd_medium_records's copies of the deferred
+// ones), their references in in_refs. Their children go to out_rec (small)
+// or out_medium (medium, medium_capacity records) and out_refs, as that
+// kernel's do.
+extern "C" __global__ void __launch_bounds__(KD_MEDIUM_BLOCK, 4)
+kd_build_medium_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
+                      const int* __restrict__ in_medium, const int* __restrict__ in_refs,
+                      int level, unsigned long long* counters, int* __restrict__ out_rec,
+                      int* __restrict__ out_refs, int* __restrict__ out_medium,
+                      long long rec_capacity, long long ref_capacity, long long medium_capacity,
+                      KD_SMALL_TREE_PARAMS, KdLoopSettings cfg)
+{
+    __shared__ KdMediumShared sh;
+    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
+    __shared__ unsigned long long before[2];
+    if (!kd_small_level_start(counters, level, before)) return;
+    const KdSmallLevel L = {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW,
+                            out_rec, out_refs, out_medium, rec_capacity, ref_capacity,
+                            medium_capacity, node_capacity, leaf_capacity, before[0], before[1],
+                            {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
+    const long long num = (long long)row[KD_SMALL_LEVEL_MEDIUM];
+    for (long long m = blockIdx.x; m < num; m += gridDim.x)
+        kd_medium_node(L, in_medium + m * KD_SMALL_RECORD, cfg, sh);
+}
+
+// Level 0's medium records: the deferred records of more than SMALL_MAX_REFS
+// references copied to `medium`, counted in row 0 (kd_small_wide_node skips
+// them at level 0).
+extern "C" __global__ void kd_medium_records(const int* __restrict__ deferred, long long num,
+                                             unsigned long long* counters,
+                                             int* __restrict__ medium)
+{
+    const long long i = kd_tid();
+    if (i >= num) return;
+    const int* rec = deferred + i * KD_SMALL_RECORD;
+    if ((int)((unsigned)rec[1] >> KD_SMALL_COUNT_SHIFT) <= KD_SMALL_MAX_REFS) return;
+    const unsigned long long at =
+        atomicAdd(counters + KD_SMALL_COUNTERS + KD_SMALL_LEVEL_MEDIUM, 1ull);
+    for (int k = 0; k < KD_SMALL_RECORD; ++k) medium[at * KD_SMALL_RECORD + k] = rec[k];
 }
 
 // Leaf sizes for the scan that packs leaf_tris: counts[i + 1] = node i's

@@ -49,8 +49,10 @@ __device__ __forceinline__ double kd_plane_cost(const double* ext, double area, 
     double area_r = kd_half_area(ext_r[0], ext_r[1], ext_r[2]);
     double cost_l = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
                                   n_left + n_planar, n_right);
-    double cost_r = kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l, area_r, area,
-                                  n_left, n_right + n_planar);
+    // (without planar references both sides are the same sum: one division, not two)
+    double cost_r = n_planar == 0 ? cost_l
+                                  : kd_split_cost(k_traversal, k_intersect, empty_bonus, area_l,
+                                                  area_r, area, n_left, n_right + n_planar);
     *side = cost_l <= cost_r ? KD_SIDE_LEFT : KD_SIDE_RIGHT;
     return cost_l <= cost_r ? cost_l : cost_r;
 }

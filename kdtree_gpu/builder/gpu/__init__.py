@@ -65,6 +65,8 @@ class LoopState:
     # runs of the subtree levels that found buffers full: (first such level, SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
+    medium_subtrees: int = 0  # deferred nodes whose subtree's first level took a block
+    medium_level_sizes: list = dataclasses.field(default_factory=list)  # such nodes by level
     # the level loop's first buffers when the start level was decoded into them
     buffers: object = None
 
@@ -112,8 +114,11 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         ran, else "stages"), loop_launches, loop_blocks (the cooperative
         grid of each launch), loop_kernel (the level-loop kernel's name, None
         when it did not run), stage_levels (the levels run with
-        one launch per stage), small_subtrees (nodes whose subtree one warp
-        built), small_runs_full (for each run of the subtree levels that
+        one launch per stage), small_subtrees (the deferred nodes,
+        whose subtrees the subtree stage built), medium_subtrees (those of
+        more than ``encoding.SMALL_MAX_REFS`` references: a block took
+        each), medium_level_sizes (the nodes of each level of the subtrees
+        that a block took), small_runs_full (for each run of the subtree levels that
         found buffers full: the first level that did, from which the levels
         ran again, and the ``encoding.SMALL_FULL_*`` bits of the buffers),
         small_level_sizes (nodes and references of each level of the
@@ -213,8 +218,10 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "loop_kernel": grid_loop[0].name if grid_loop is not None and state.launches
             else None,
             "stage_levels": state.stage_levels,
-            "small_subtrees": state.num_deferred, "small_runs_full": state.small_runs_full,
+            "small_subtrees": state.num_deferred, "medium_subtrees": state.medium_subtrees,
+            "small_runs_full": state.small_runs_full,
             "small_level_sizes": state.small_level_sizes,
+            "medium_level_sizes": state.medium_level_sizes,
             "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate,
             # the workspace's and the caller's pool's high-water mark, and the mesh

@@ -30,6 +30,9 @@ from .workspace import arrays_in_one_block, lasting, pooled, uploaded
 _SOURCE = "build_small.cu"
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
 WARPS_PER_SM = 32
+# blocks of the medium-node kernel launched per multiprocessor (as many as
+# its registers let run at once), each strided over the level's medium nodes
+MEDIUM_BLOCKS_PER_SM = 4
 # Tree nodes the default first room may gain per deferred reference where the
 # build's peak so far leaves them free (room_under_peak), and the share of
 # that peak kept free as a margin for the estimate
@@ -80,7 +83,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs)
     sms = multiprocessors(cp.cuda.Device().id)
     per_block = enc.SMALL_BLOCK // 32
-    blocks = (min(num, WARPS_PER_SM * sms) + per_block - 1) // per_block
+    # (a level has at most as many nodes as the deferred nodes have references:
+    # sized from the records alone, medium roots left later levels a few warps)
+    blocks = (min(state.deferred_refs, WARPS_PER_SM * sms) + per_block - 1) // per_block
+    # nodes of more than SMALL_MAX_REFS references, a block each (none unless
+    # the levels deferred such nodes)
+    medium = None
+    if settings.small_refs > enc.SMALL_MAX_REFS:
+        medium = get_function(_SOURCE, "kd_build_medium_level")
+        most_medium = state.deferred_refs // (enc.SMALL_MAX_REFS + 1) + 1
+        medium_blocks = min(most_medium, MEDIUM_BLOCKS_PER_SM * sms)
     levels = max_depth + 1  # every depth a deferred node's descendant can have
     row = enc.SMALL_LEVEL_ROW
     sizes = np.zeros(enc.SMALL_COUNTERS + row * (levels + 1), dtype=np.int64)
@@ -103,13 +115,21 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
     # level L reads buffer 1 - L % 2 (level 0: the records) and writes L % 2
     # (both in one block at first: a level that finds its own full gets its own)
-    records, refs = _stage_buffers(cp, (2, cap_recs), (2, cap_refs))
-    buffers = [(records[0], refs[0]), (records[1], refs[1])]
-    del records, refs
+    records, refs, mediums = _stage_buffers(cp, (2, cap_recs), (2, cap_refs))
+    buffers = [(records[0], refs[0], mediums[0]), (records[1], refs[1], mediums[1])]
+    del records, refs, mediums
     first = 0
     # (queued: a pageable upload would wait for the tree's copy queued above;
     # the pinned copy is kept until the read below has passed it)
     counters, staged = uploaded(cp, sizes)
+    deferred_medium = None
+    if medium is not None:
+        # level 0's medium records, copied out of the deferred ones once (a
+        # run again from level 0 reads them again)
+        with pooled():
+            deferred_medium = cp.empty((most_medium, enc.SMALL_RECORD), dtype=np.int32)
+        launch("small subtrees: medium records", get_function(_SOURCE, "kd_medium_records"),
+               num, (state.deferred, np.int64(num), counters, deferred_medium))
     while True:
         # the tree's pages change only between runs: their kernel arguments are
         # made once per run, not once per level (two structs: tens of
@@ -118,14 +138,25 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         with stage(xp=cp, description="small subtrees"):
             for level in range(first, levels):
                 src, dst = buffers[1 - level % 2], buffers[level % 2]
+                in_refs = out.leaf if level == 0 else src[1]
+                if medium is not None:
+                    # a fixed grid of blocks, strided over the level's medium nodes
+                    in_medium = deferred_medium if level == 0 else src[2]
+                    launch("small subtrees: medium level", medium,
+                           medium_blocks * enc.MEDIUM_BLOCK,
+                           (tri_lo, tri_hi, in_medium, in_refs, np.int32(level), counters,
+                            dst[0], dst[1], dst[2], np.int64(dst[0].shape[0]),
+                            np.int64(dst[1].shape[0]), np.int64(dst[2].shape[0]),
+                            *tree_args, loop_settings), block=enc.MEDIUM_BLOCK)
                 # a fixed grid of warps, strided over the level's nodes
                 records = state.deferred if level == 0 else src[0]
                 launch("small subtrees: level", kernel, blocks * enc.SMALL_BLOCK,
-                       (tri_lo, tri_hi, records, out.leaf if level == 0 else src[1],
+                       (tri_lo, tri_hi, records, in_refs,
                         np.int64(records.shape[0]), np.int32(level), counters,
                         dst[0], dst[1], np.int64(dst[0].shape[0]), np.int64(dst[1].shape[0]),
                         *tree_args, loop_settings), block=enc.SMALL_BLOCK)
-            src = dst = records = None  # (else they would keep the last level's buffers alive)
+            # (else they would keep the last level's buffers alive)
+            src = dst = records = in_refs = in_medium = None
             # one read: the tree's sizes (and whether every buffer had room)
             sizes = counters.get()
         full = int(sizes[enc.SMALL_OVERFLOW])
@@ -171,11 +202,14 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         counters.set(sizes)
         # the blocks made again go back (the read left nothing running)
         state.workspace.release_unused()
-    del buffers, staged  # (the first read passed the pinned copy)
+    del buffers, staged, deferred_medium  # (the first read passed the pinned copy)
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
-    live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_RECORDS]))
-    state.small_level_sizes = [(level_records(r[enc.SMALL_LEVEL_RECORDS]),
-                                int(r[enc.SMALL_LEVEL_REFS])) for r in rows[:live]]
+    live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_REFS]))
+    state.medium_subtrees = int(rows[0, enc.SMALL_LEVEL_MEDIUM])
+    state.medium_level_sizes = [int(r[enc.SMALL_LEVEL_MEDIUM]) for r in rows[:live]]
+    state.small_level_sizes = [(level_records(r[enc.SMALL_LEVEL_RECORDS])
+                                + int(r[enc.SMALL_LEVEL_MEDIUM]) * (i > 0),
+                                int(r[enc.SMALL_LEVEL_REFS])) for i, r in enumerate(rows[:live])]
     num_nodes = state.level_base + int(rows[:, enc.SMALL_LEVEL_NODES].sum())
     num_leaf_refs = state.leaf_ref_base + int(rows[:, enc.SMALL_LEVEL_LEAVES].sum())
     packed = num_leaf_refs - int(sizes[enc.SMALL_HOLES])
@@ -234,17 +268,22 @@ def _stage_buffers(cp, cap_recs, cap_refs):
     """Records and reference lists of subtree levels, in one block of the workspace
     pool (one device allocation; the leaf packing's int64 per tree node is
     cut from the freed ones, where it fits). ``cap_recs``, ``cap_refs``: a
-    level's rows, or ``(2, rows)`` for both buffers.
+    level's rows, or ``(2, rows)`` for both buffers. The medium records get
+    a row per ``SMALL_MAX_REFS + 1`` references of room: each holds more, so
+    they run out only where the references do.
 
     Returns
     -------
     records : (..., cap_recs, SMALL_RECORD) int32
     refs : (..., cap_refs) int32
+    mediums : (..., cap_refs // (SMALL_MAX_REFS + 1) + 1, SMALL_RECORD) int32
     """
     recs, refs = (tuple(c) if isinstance(c, tuple) else (c,) for c in (cap_recs, cap_refs))
+    mediums = refs[:-1] + (refs[-1] // (enc.SMALL_MAX_REFS + 1) + 1,)
     with pooled():
         return tuple(arrays_in_one_block(cp, [((*recs, enc.SMALL_RECORD), np.int32),
-                                              (refs, np.int32)]))
+                                              (refs, np.int32),
+                                              ((*mediums, enc.SMALL_RECORD), np.int32)]))
 
 
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):

@@ -1,8 +1,9 @@
 """The small-node stage (``builder/gpu/small.py``, ``cuda/build_small.cu``).
 
 Nodes the level loop would split with at most ``GpuSettings.small_refs``
-references get their whole subtree from one warp; the tree must still be the
-CPU reference's, node for node, with packed leaf lists.
+references get their whole subtree from one warp (one block from
+``SMALL_MAX_REFS + 1`` references on); the tree must still be the CPU
+reference's, node for node, with packed leaf lists.
 """
 
 import numpy as np
@@ -21,6 +22,8 @@ from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, grid_soup,
 gpu = pytest.mark.gpu
 # every build defers small nodes, however small the mesh
 SMALL = GpuSettings(small_refs=enc.SMALL_MAX_REFS, small_min_refs=0)
+# and defers medium nodes too (a block each)
+MEDIUM = GpuSettings(small_refs=enc.MEDIUM_MAX_REFS, small_min_refs=0)
 
 
 def test_small_node_stage_is_on_by_default():
@@ -51,7 +54,7 @@ def test_small_builds_defer_nothing():
     assert GpuSettings(small_min_refs=0, small_refs=7).small_refs_for(1) == 7
 
 
-@pytest.mark.parametrize("bad", [-1, enc.SMALL_MAX_REFS + 1, True, 2.0])
+@pytest.mark.parametrize("bad", [-1, enc.MEDIUM_MAX_REFS + 1, True, 2.0])
 def test_small_refs_setting_is_checked(bad):
     with pytest.raises(ValueError, match="small_refs"):
         GpuSettings(small_refs=bad)
@@ -72,7 +75,8 @@ def _scene(seed):
 
 
 @gpu
-@pytest.mark.parametrize("small_refs", [1, 7, 32, 33, enc.SMALL_MAX_REFS])
+@pytest.mark.parametrize("small_refs", [1, 7, 32, 33, enc.SMALL_MAX_REFS, enc.SMALL_MAX_REFS + 1,
+                                        300, enc.MEDIUM_MAX_REFS])
 @pytest.mark.parametrize("seed", range(15))
 def test_gpu_small_subtrees_equal_reference(seed, small_refs):
     V, F = _scene(seed)
@@ -82,11 +86,37 @@ def test_gpu_small_subtrees_equal_reference(seed, small_refs):
     assert_same_tree(cpu_reference.build(V, F, cfg), tree)
     info = tree.build_info
     assert info["level_loop"] == "grid"
+    if small_refs <= enc.SMALL_MAX_REFS:
+        assert info["medium_subtrees"] == 0
     without = kd.build(V, F, cfg, device="cuda", settings=GpuSettings(small_refs=0))
     assert without.build_info["small_subtrees"] == 0
     # the same tree, hence the same depth, however it was built
     assert info["depth"] == without.build_info["depth"]
     assert info["levels"] <= without.build_info["levels"]
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(6))
+def test_gpu_medium_subtrees_equal_reference(seed):
+    # meshes whose deferred nodes are mostly medium ones (a block each), down
+    # to the smallest medium node and up to the largest
+    rng = np.random.default_rng(7000 + seed)
+    if seed % 3 == 0:
+        V, F = soup(rng, 6000, scale=0.03)
+    elif seed % 3 == 1:
+        V, F = grid_soup(rng, 5000)  # equal positions and planar triangles
+    else:
+        V, F = needles_through_clouds(rng, 3000)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    reference = cpu_reference.build(V, F, cfg)
+    medium = []
+    for small_refs in (enc.SMALL_MAX_REFS + 1, 257, enc.MEDIUM_MAX_REFS):
+        settings = GpuSettings(small_refs=small_refs, small_min_refs=0)
+        tree = kd.build(V, F, cfg, device="cuda", settings=settings)
+        medium.append(tree.build_info["medium_subtrees"])
+        assert_same_tree(reference, tree)
+        tree.check()
+    assert medium[-1] > 0
 
 
 @gpu
@@ -177,9 +207,11 @@ def test_gpu_the_bunny_subtree_stage_runs_once_without_a_higher_peak(mesh_path):
 
 
 @gpu
+@pytest.mark.parametrize("small_refs", [enc.SMALL_MAX_REFS, enc.MEDIUM_MAX_REFS])
 @pytest.mark.parametrize("room", [(1, 1, 1, 1), (1, 4096, 4096, 100_000), (64, 1, 1, 64),
                                   "bunny"])
-def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, mesh_path):
+def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, small_refs,
+                                                                      mesh_path):
     # With the subtree stage's room far too small, levels find the tree's
     # pages or their children's buffers full again and again; each time the
     # levels go on from the first that did, and the tree is still the
@@ -190,8 +222,7 @@ def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, mesh
     else:
         V, F = soup(np.random.default_rng(sum(room)), 4000, scale=0.02)
         capacity = lambda refs: room  # noqa: E731
-    settings = GpuSettings(small_refs=enc.SMALL_MAX_REFS, small_min_refs=0,
-                           small_capacity=capacity)
+    settings = GpuSettings(small_refs=small_refs, small_min_refs=0, small_capacity=capacity)
     tree = kd.build(V, F, device="cuda", settings=settings)
     info = tree.build_info
     assert info["small_subtrees"] > 0
@@ -214,12 +245,14 @@ def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, mesh
 
 
 @gpu
+@pytest.mark.parametrize("settings", [SMALL, MEDIUM], ids=["small", "medium"])
 @pytest.mark.parametrize("axes", ["all", "longest"])
-def test_gpu_small_subtrees_on_a_real_mesh(axes, mesh_path):
+def test_gpu_small_subtrees_on_a_real_mesh(axes, settings, mesh_path):
     V, F = kd.load_mesh(mesh_path("stanford_bunny"))
     cfg = SAHConfig(axes=axes)
-    tree = kd.build(V, F, cfg, device="cuda", settings=SMALL)
+    tree = kd.build(V, F, cfg, device="cuda", settings=settings)
     assert tree.build_info["small_subtrees"] > 0
+    assert (tree.build_info["medium_subtrees"] > 0) == (settings is MEDIUM)
     assert_same_tree(cpu_reference.build(V, F, cfg), tree)
 
 
@@ -239,14 +272,20 @@ def test_the_subtree_buffers_are_disjoint_aligned_views_of_one_block(cap_recs, c
     from kdtree_gpu.builder.gpu.small import _stage_buffers
     from kdtree_gpu.builder.gpu.workspace import ALIGN
 
-    records, refs = _stage_buffers(np, (2, cap_recs), (2, cap_refs))  # both levels' buffers
+    records, refs, mediums = _stage_buffers(np, (2, cap_recs), (2, cap_refs))  # both levels'
     assert records.shape == (2, cap_recs, enc.SMALL_RECORD) and records.dtype == np.int32
     assert refs.shape == (2, cap_refs) and refs.dtype == np.int32
+    # a medium record per SMALL_MAX_REFS + 1 references of room: they never run out first
+    rows = cap_refs // (enc.SMALL_MAX_REFS + 1) + 1
+    assert mediums.shape == (2, rows, enc.SMALL_RECORD) and mediums.dtype == np.int32
     one = _stage_buffers(np, cap_recs, cap_refs)  # one level's
     assert one[0].shape == (cap_recs, enc.SMALL_RECORD) and one[1].shape == (cap_refs,)
-    assert records.base is refs.base is not None  # one block
-    gap = refs.ctypes.data - records.ctypes.data
-    assert gap % ALIGN == 0 and gap >= records.nbytes
+    assert one[2].shape == (rows, enc.SMALL_RECORD)
+    assert records.base is refs.base is mediums.base is not None  # one block
+    for a, b in ((records, refs), (refs, mediums)):
+        gap = b.ctypes.data - a.ctypes.data
+        assert gap % ALIGN == 0 and gap >= a.nbytes
     records[...] = -1
     refs[...] = 7
-    assert (records == -1).all() and (refs == 7).all()
+    mediums[...] = 5
+    assert (records == -1).all() and (refs == 7).all() and (mediums == 5).all()
