@@ -104,10 +104,10 @@ LOOP_STOPPED = 1
 # SMALL_MAX_REFS and a thread per node of at most SMALL_TINY_REFS, from
 # records of the same layout.
 SMALL_MAX_REFS = 64  # two references per lane of a warp
-MEDIUM_MAX_REFS = 1024  # a multiple of MEDIUM_BLOCK: a medium node, in shared memory
-MEDIUM_BLOCK = 256  # threads of the medium-node kernel
-MEDIUM_BUCKETS = 512  # a multiple of MEDIUM_BLOCK: a medium node's positions by bucket
+MEDIUM_MAX_REFS = 256  # a multiple of MEDIUM_BLOCK: a medium node, in shared memory
+MEDIUM_BLOCK = 64  # threads of the medium-node kernel: two warps, many blocks a multiprocessor
 SMALL_RECORD = 9
+MEDIUM_RECORD = 10  # a medium node's: SMALL_RECORD words, then the start of its events
 SMALL_COUNT_SHIFT = 16  # depths below 2**16, counts up to MEDIUM_MAX_REFS above them
 SMALL_BLOCK = 128  # threads of the subtree kernel: four warps
 # a subtree node of at most this many references takes a thread, a larger one a warp
@@ -122,7 +122,8 @@ SMALL_DEFERRED_AXIS = -1  # best_axis of a deferred node in the level loop's scr
 # the front of their buffer, in its low 32 bits and those of fewer, at the
 # back, in its high ones: builder.gpu.small.level_records), its medium records
 # (in a buffer of their own; level 0's are the deferred records of more than
-# SMALL_MAX_REFS references, copied there), and the tree nodes and leaf entries
+# SMALL_MAX_REFS references, copied there) and their events (16-bit, six per
+# reference: cuda/medium_node.cuh), and the tree nodes and leaf entries
 # level L takes (so that a run can go on from a level: the counts before it
 # are the sums of the rows above it; a level's inputs come before them).
 SMALL_NODES = 0
@@ -135,9 +136,10 @@ SMALL_COUNTERS = 6
 SMALL_LEVEL_RECORDS = 0
 SMALL_LEVEL_REFS = 1
 SMALL_LEVEL_MEDIUM = 2
-SMALL_LEVEL_NODES = 3
-SMALL_LEVEL_LEAVES = 4
-SMALL_LEVEL_ROW = 5
+SMALL_LEVEL_EVENTS = 3
+SMALL_LEVEL_NODES = 4
+SMALL_LEVEL_LEAVES = 5
+SMALL_LEVEL_ROW = 6
 SMALL_RECORDS_BACK_SHIFT = 32
 SMALL_RECORDS_FRONT = (1 << SMALL_RECORDS_BACK_SHIFT) - 1  # the records word's low part
 # bits of counters[SMALL_OVERFLOW]: the buffers a run of the levels found full
@@ -145,6 +147,7 @@ SMALL_FULL_NODES = 1
 SMALL_FULL_LEAVES = 2
 SMALL_FULL_RECORDS = 4
 SMALL_FULL_REFS = 8
+SMALL_FULL_EVENTS = 16
 
 # --- summary record of mesh preparation (kd_prepare_triangles) ----------------
 # uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,

@@ -139,6 +139,12 @@ class Profiler:
             }
         return dict(sorted(stats.items(), key=lambda kv: -kv[1]["total_ms"]))
 
+    def times(self) -> dict:
+        """Every recorded time (ms) of each description, in the order recorded
+        (waits for pending GPU events): ``{description: [ms, ...]}``."""
+        self._resolve()
+        return {description: list(times) for description, times in self._times.items()}
+
     @property
     def total_ms(self) -> float:
         """Sum of the recorded times that are not nested in a stage (ms)."""

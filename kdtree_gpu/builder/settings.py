@@ -77,14 +77,19 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     which hold the bunny's) and what every measured mesh needs of the
     rest: 4.5 D leaf entries, 0.65 D records and 2.4 D references. Each D
     of room costs 13 bytes per node, 4 per leaf entry, 72 per record (two
-    buffers) and 8 per reference.
+    buffers) and 8 per reference. The medium nodes' events (16-bit, six per
+    reference, two buffers; made only when nodes of more than
+    ``encoding.SMALL_MAX_REFS`` references are deferred) get room for 5/4 D
+    references: a subtree's first levels are its medium ones, and they hold
+    about as many references as its root.
 
     Returns
     -------
-    (tree nodes, leaf entries, records, references) : tuple of int
+    (tree nodes, leaf entries, records, references, medium events) : tuple of int
     """
     d = int(deferred_refs)
-    return 4 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024
+    return (4 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024,
+            6 * (5 * d // 4 + 1024))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,8 +152,9 @@ class GpuSettings:
         root's references, at least 1024); the loop stops and is launched
         again with twice what it needs when they run out.
     small_capacity : callable or None
-        ``deferred_refs -> (tree nodes, leaf entries, records, references)``:
-        the subtree stage's first room (records and references per level),
+        ``deferred_refs -> (tree nodes, leaf entries, records, references[,
+        medium events])``: the subtree stage's first room (records,
+        references and medium nodes' events per level),
         taken as it is; None (the default): :func:`default_small_capacity`,
         with the tree nodes the build's peak leaves free added.
     workspace_block : int
@@ -209,9 +215,14 @@ class GpuSettings:
 
     def small_capacities(self, deferred_refs: int) -> tuple:
         """The subtree stage's first room for ``deferred_refs`` deferred references:
-        ``(tree nodes, leaf entries, records, references)``, each at least 1."""
+        ``(tree nodes, leaf entries, records, references, medium events)``, each
+        at least 1 (a ``small_capacity`` of four numbers gets the default
+        events' room)."""
         make = self.small_capacity or default_small_capacity
-        return tuple(max(1, int(n)) for n in make(deferred_refs))
+        caps = tuple(make(deferred_refs))
+        if len(caps) == 4:
+            caps += default_small_capacity(deferred_refs)[4:]
+        return tuple(max(1, int(n)) for n in caps)
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.MEDIUM_MAX_REFS), "small_min_refs": (0, None),

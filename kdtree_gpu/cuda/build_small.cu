@@ -107,7 +107,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     slot = __shfl_sync(full, slot, 0);
     first = __shfl_sync(full, first, 0);
     const unsigned long long full_bits =
-        kd_small_split_full(L, child, slot, live, 0, first + num_left + num_right);
+        kd_small_split_full(L, child, slot, live, 0, first + num_left + num_right, 0);
     if (full_bits) {
         if (lane == 0) kd_small_full(L, full_bits);
         return;
@@ -124,7 +124,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
     }
     if (lane == 0) {
         const int deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot,
-                                               0, first, num_left, num_right);
+                                               0, 0, first, num_left, num_right);
         if (deepest >= 0) atomicMax(L.counters + KD_SMALL_DEPTH, (unsigned long long)deepest);
     }
 }
@@ -184,7 +184,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
             deepest = rec.depth;
         }
     } else if (split) {
-        full_bits = kd_small_split_full(L, child, slot, kids, 0, first + num_left + num_right);
+        full_bits = kd_small_split_full(L, child, slot, kids, 0, first + num_left + num_right, 0);
         if (!full_bits) {
             int l = 0, rr = num_left;
 #pragma unroll
@@ -193,7 +193,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
                 if (cls[q] & KD_CLASS_RIGHT) L.out_refs[first + rr++] = tri[q];
             }
             deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot, 0,
-                                        first, num_left, num_right);
+                                        0, first, num_left, num_right);
         }
     }
     if (full_bits) kd_small_full(L, full_bits);
@@ -264,8 +264,9 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
     if (!kd_small_level_start(counters, level, before)) return;
     // (a warp's node has no medium children)
     const KdSmallLevel L = {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW,
-                            out_rec, out_refs, nullptr, rec_capacity, ref_capacity, 0,
-                            node_capacity, leaf_capacity, before[0], before[1],
+                            out_rec, out_refs, nullptr, nullptr, nullptr, rec_capacity,
+                            ref_capacity, 0, 0, node_capacity, leaf_capacity, before[0],
+                            before[1],
                             {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
     const unsigned long long records = row[KD_SMALL_LEVEL_RECORDS];
     const long long num_wide = (long long)(records & KD_SMALL_RECORDS_FRONT);
@@ -278,34 +279,38 @@ kd_build_small_level(const float* __restrict__ tri_lo, const float* __restrict__
 
 // One level's medium nodes (SMALL_MAX_REFS + 1 .. MEDIUM_MAX_REFS references),
 // a block each: kd_build_small_level's level, launched before it, for the
-// records in_medium (level 0: kd_medium_records's copies of the deferred
-// ones), their references in in_refs. Their children go to out_rec (small)
-// or out_medium (medium, medium_capacity records) and out_refs, as that
-// kernel's do.
-extern "C" __global__ void __launch_bounds__(KD_MEDIUM_BLOCK, 4)
+// records in_medium (KD_MEDIUM_RECORD words; level 0: kd_medium_records's
+// copies of the deferred ones), their references in in_refs and their events
+// in in_events. Their children go to out_rec (small) or out_medium (medium,
+// medium_capacity records, with their events in out_events) and out_refs,
+// as that kernel's do.
+extern "C" __global__ void __launch_bounds__(KD_MEDIUM_BLOCK, 16)
 kd_build_medium_level(const float* __restrict__ tri_lo, const float* __restrict__ tri_hi,
                       const int* __restrict__ in_medium, const int* __restrict__ in_refs,
-                      int level, unsigned long long* counters, int* __restrict__ out_rec,
+                      const unsigned short* __restrict__ in_events, int level,
+                      unsigned long long* counters, int* __restrict__ out_rec,
                       int* __restrict__ out_refs, int* __restrict__ out_medium,
-                      long long rec_capacity, long long ref_capacity, long long medium_capacity,
-                      KD_SMALL_TREE_PARAMS, KdLoopSettings cfg)
+                      unsigned short* __restrict__ out_events, long long rec_capacity,
+                      long long ref_capacity, long long medium_capacity,
+                      long long events_capacity, KD_SMALL_TREE_PARAMS, KdLoopSettings cfg)
 {
     __shared__ KdMediumShared sh;
     unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
     __shared__ unsigned long long before[2];
     if (!kd_small_level_start(counters, level, before)) return;
     const KdSmallLevel L = {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW,
-                            out_rec, out_refs, out_medium, rec_capacity, ref_capacity,
-                            medium_capacity, node_capacity, leaf_capacity, before[0], before[1],
+                            out_rec, out_refs, out_medium, in_events, out_events, rec_capacity,
+                            ref_capacity, medium_capacity, events_capacity, node_capacity,
+                            leaf_capacity, before[0], before[1],
                             {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
     const long long num = (long long)row[KD_SMALL_LEVEL_MEDIUM];
     for (long long m = blockIdx.x; m < num; m += gridDim.x)
-        kd_medium_node(L, in_medium + m * KD_SMALL_RECORD, cfg, sh);
+        kd_medium_node(L, in_medium + m * KD_MEDIUM_RECORD, cfg, sh);
 }
 
 // Level 0's medium records: the deferred records of more than SMALL_MAX_REFS
-// references copied to `medium`, counted in row 0 (kd_small_wide_node skips
-// them at level 0).
+// references copied to `medium` (KD_MEDIUM_RECORD words: without events, -1),
+// counted in row 0 (kd_small_wide_node skips them at level 0).
 extern "C" __global__ void kd_medium_records(const int* __restrict__ deferred, long long num,
                                              unsigned long long* counters,
                                              int* __restrict__ medium)
@@ -316,7 +321,8 @@ extern "C" __global__ void kd_medium_records(const int* __restrict__ deferred, l
     if ((int)((unsigned)rec[1] >> KD_SMALL_COUNT_SHIFT) <= KD_SMALL_MAX_REFS) return;
     const unsigned long long at =
         atomicAdd(counters + KD_SMALL_COUNTERS + KD_SMALL_LEVEL_MEDIUM, 1ull);
-    for (int k = 0; k < KD_SMALL_RECORD; ++k) medium[at * KD_SMALL_RECORD + k] = rec[k];
+    for (int k = 0; k < KD_SMALL_RECORD; ++k) medium[at * KD_MEDIUM_RECORD + k] = rec[k];
+    medium[at * KD_MEDIUM_RECORD + KD_SMALL_RECORD] = -1;
 }
 
 // Leaf sizes for the scan that packs leaf_tris: counts[i + 1] = node i's

@@ -1,100 +1,108 @@
-// The best plane of a medium node of the subtree stage (SMALL_MAX_REFS + 1 ..
-// KD_MEDIUM_MAX_REFS references), and the node's whole step, one block per
-// node (KD_MEDIUM_BLOCK threads). Part of build_small.cu, which includes it.
+// A medium node of the subtree stage (SMALL_MAX_REFS + 1 .. KD_MEDIUM_MAX_REFS
+// references), one block per node (KD_MEDIUM_BLOCK threads): its best plane
+// and its step, with the rules of the warp's nodes (kd_small_wide_node).
+// Part of build_small.cu, which includes it.
 //
 // The counts are small_split.cuh's, for each candidate p of an axis:
 //   N_L = #{t : lo_t < p},  N_P = #{t : lo_t == hi_t == p},  N_R = N - #{t : hi_t <= p}
 // which a warp finds by comparing p with every reference (quadratic: 64
-// references are 8k comparisons, 1024 are two million an axis). Here the
-// block sorts the lows, the highs and the planar positions of the axis into
-// KD_MEDIUM_BUCKETS buckets by a monotone function of the position (the
-// range of the axis' candidates cut into equal parts, the values below it in
-// the first bucket, those above it in the last): a count is the number of
-// values in the buckets below p's plus those below p (or at p) in p's own
-// bucket, which the thread compares one by one. Values that compare equal
-// share a bucket, so the counts are exact; a bucket holds a few values, all
-// of them when every value is equal (then the work is the warp's quadratic
-// one). The range is the candidates', not the node's: a surface's references
-// often span a sliver of their node on an axis. The
-// candidates and the choice (lowest (cost, axis, position)) are
-// small_split.cuh's, so the plane is the one the level stages choose
-// (small_split.cuh says why).
+// references are 8k comparisons, 1024 are two million an axis). A medium
+// node keeps its events instead, as the level loop does: per axis, a START
+// at each reference's low and an END at its high (one PLANAR where they are
+// equal), sorted by position. Over that list the counts are prefix counts:
+// at the first event of a position p, N_L is the number of STARTs and
+// PLANARs before it, and #{hi_t <= p} the number of ENDs and PLANARs up to
+// the last event at p; N_P counts the PLANARs at p. The order of the events
+// at one position changes none of them. The candidates are the positions of
+// the events inside the node: the warp's candidates, each once. The choice
+// is the lowest (cost, axis, position), as the warp's (small_split.cuh says
+// why it is the level stages' plane).
+//
+// An event is 16 bits: its reference's index in the node << 2 | its kind
+// (encoding.EVENT_*), its position read from the reference's box. A child
+// keeps its parent's events in their order (the events of its references,
+// renumbered), so only a subtree's first node sorts them: the deferred
+// nodes' records carry no events, and their block makes and sorts them.
 #pragma once
 #include "small_level.cuh"
 
 #define KD_MEDIUM_INF __int_as_float(0x7f800000)
-#define KD_MEDIUM_PER_THREAD (KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK)
-// the three counts of a bucket in one word, as the scan adds them: lows, highs
-// and planar positions
-#define KD_MEDIUM_FIELD 21
-#define KD_MEDIUM_MASK ((1ull << KD_MEDIUM_FIELD) - 1)
+#define KD_MEDIUM_EVENTS (2 * KD_MEDIUM_MAX_REFS)  // an axis' events at most
+#define KD_MEDIUM_NONE 0xffffu  // no event; no index in a child
+#define KD_MEDIUM_CHUNK (KD_MEDIUM_EVENTS / KD_MEDIUM_BLOCK)  // an axis' events a thread
 
-// A medium node in shared memory: its references (triangle, box), and the
-// values of the axis being searched by bucket.
+// A medium node in shared memory: its references' boxes, its events and
+// (once it is split) each reference's index in each child.
 struct KdMediumShared {
-    int tri[KD_MEDIUM_MAX_REFS];
     float lo[3][KD_MEDIUM_MAX_REFS];
     float hi[3][KD_MEDIUM_MAX_REFS];
-    float by_lo[KD_MEDIUM_MAX_REFS];
-    float by_hi[KD_MEDIUM_MAX_REFS];
-    float by_planar[KD_MEDIUM_MAX_REFS];  // lo of the planar references
-    // per bucket: its lows' and highs' counts (low and high 16 bits) and its
-    // planar positions', then (after the scan) where they begin
-    unsigned count[KD_MEDIUM_BUCKETS + 1];
-    unsigned count_planar[KD_MEDIUM_BUCKETS + 1];
+    unsigned short events[3][KD_MEDIUM_EVENTS];
+    unsigned short to_child[2][KD_MEDIUM_MAX_REFS];
+    int num_events[3];
     KdSmallSplit warp_best[KD_MEDIUM_BLOCK / 32];
     int warp_count[2][KD_MEDIUM_BLOCK / 32];
-    float range[2 * (KD_MEDIUM_BLOCK / 32)];
-    unsigned long long slots[4];  // what the node's atomics gave, for every thread
+    unsigned long long slots[6];  // what the node's atomics gave, for every thread
 };
 
-// The bucket of position v for candidates in [m0, m1]: 0 below m0, the last
-// above m1, the equal parts of [m0, m1] between (scale: their number over
-// m1 - m0). Non-decreasing in v (each rounded step is), so v < w wherever
-// bucket(v) < bucket(w); NaN (v == m0 with an infinite scale) takes the
-// first part.
-__device__ __forceinline__ int kd_medium_bucket(float v, float m0, float m1, float scale)
+__device__ __forceinline__ float kd_medium_event_pos(const KdMediumShared& sh, int axis,
+                                                     unsigned code)
 {
-    if (v < m0) return 0;
-    if (v > m1) return KD_MEDIUM_BUCKETS - 1;
-    const float x = __fmul_rn(__fsub_rn(v, m0), scale);
-    constexpr int last = KD_MEDIUM_BUCKETS - 3;  // the last part
-    return 1 + (x > 0.0f ? (x < (float)last ? (int)x : last) : 0);
+    return (code & 3) == KD_EVENT_END ? sh.hi[axis][code >> 2] : sh.lo[axis][code >> 2];
 }
 
-// Bucket b's values begin at `start` (packed as the scan adds them: lows,
-// highs and planar positions in KD_MEDIUM_FIELD bits each).
-__device__ __forceinline__ void kd_medium_set_start(KdMediumShared& sh, int b,
-                                                    unsigned long long start)
+// The events of one axis made from the references' boxes (in reference
+// order) and sorted by position (a bitonic network over the next power of
+// two, KD_MEDIUM_NONE past the events sorting last; ties by code, so the
+// order is the same on every run). Every thread of the block calls it.
+__device__ __forceinline__ void kd_medium_make_events(KdMediumShared& sh, int axis, int r)
 {
-    sh.count[b] = (unsigned)(start & KD_MEDIUM_MASK)
-                  | (unsigned)(start >> KD_MEDIUM_FIELD & KD_MEDIUM_MASK) << 16;
-    sh.count_planar[b] = (unsigned)(start >> (2 * KD_MEDIUM_FIELD));
-}
-
-// The least and the greatest of each thread's a and b over the block.
-__device__ __forceinline__ void kd_block_min_max(float& a, float& b, float* scratch)
-{
-    const unsigned full = 0xffffffffu;
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        a = fminf(a, __shfl_xor_sync(full, a, offset));
-        b = fmaxf(b, __shfl_xor_sync(full, b, offset));
+    unsigned short* ev = sh.events[axis];
+    // each reference's first event after those of the references before it
+    int count[KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK], sum = 0;
+#pragma unroll
+    for (int q = 0; q < KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK; ++q) {
+        const int i = KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK * threadIdx.x + q;
+        count[q] = i < r ? (sh.lo[axis][i] == sh.hi[axis][i] ? 1 : 2) : 0;
+        sum += count[q];
     }
-    const int warp = threadIdx.x >> 5;
-    if ((threadIdx.x & 31) == 0) {
-        scratch[2 * warp] = a;
-        scratch[2 * warp + 1] = b;
+    long long total;
+    int at = (int)kd_block_exclusive_scan<KD_MEDIUM_BLOCK>(sum, &total);
+    const int n = (int)total;
+    int n2 = 2;
+    while (n2 < n) n2 <<= 1;
+#pragma unroll
+    for (int q = 0; q < KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK; ++q) {
+        const int i = KD_MEDIUM_MAX_REFS / KD_MEDIUM_BLOCK * threadIdx.x + q;
+        if (count[q] == 1) ev[at] = (unsigned short)(i << 2 | KD_EVENT_PLANAR);
+        if (count[q] == 2) {
+            ev[at] = (unsigned short)(i << 2 | KD_EVENT_START);
+            ev[at + 1] = (unsigned short)(i << 2 | KD_EVENT_END);
+        }
+        at += count[q];
     }
+    for (int j = n + threadIdx.x; j < n2; j += KD_MEDIUM_BLOCK) ev[j] = KD_MEDIUM_NONE;
+    if (threadIdx.x == 0) sh.num_events[axis] = n;
     __syncthreads();
-    for (int w = 0; w < KD_MEDIUM_BLOCK / 32; ++w) {
-        a = fminf(a, scratch[2 * w]);
-        b = fmaxf(b, scratch[2 * w + 1]);
+    for (int k = 2; k <= n2; k <<= 1) {
+        for (int j = k >> 1; j > 0; j >>= 1) {
+            for (int i = threadIdx.x; i < n2 / 2; i += KD_MEDIUM_BLOCK) {
+                const int x = 2 * i - (i & (j - 1)), y = x + j;
+                const unsigned a = ev[x], b = ev[y];
+                const float pa = a == KD_MEDIUM_NONE ? KD_MEDIUM_INF : kd_medium_event_pos(sh, axis, a);
+                const float pb = b == KD_MEDIUM_NONE ? KD_MEDIUM_INF : kd_medium_event_pos(sh, axis, b);
+                const bool b_first = pb < pa || (pb == pa && b < a);
+                if (b_first == ((x & k) == 0)) {  // out of order for this direction
+                    ev[x] = (unsigned short)b;
+                    ev[y] = (unsigned short)a;
+                }
+            }
+            __syncthreads();
+        }
     }
-    __syncthreads();  // (scratch is written again)
 }
 
-// The node's best plane (every thread gets it): the references are in sh
-// (r of them), the node's box nlo, nhi.
+// The node's best plane (every thread gets it) from its events, r references,
+// box nlo, nhi.
 __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh, int r,
                                                               const float* nlo, const float* nhi,
                                                               const KdLoopSettings& cfg)
@@ -109,91 +117,40 @@ __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh,
     for (int axis = 0; axis < 3; ++axis) {
         if (cfg.longest_only && axis != longest) continue;
         const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
-        const float* lo_a = sh.lo[axis];
-        const float* hi_a = sh.hi[axis];
-        // the candidates' range (a node without candidates on the axis skips it)
-        float m0 = KD_MEDIUM_INF, m1 = -KD_MEDIUM_INF;
-        for (int i = threadIdx.x; i < r; i += KD_MEDIUM_BLOCK) {
-            const float a = lo_a[i], b = hi_a[i];
-            if (a > lo_k && a < hi_k) m0 = fminf(m0, a), m1 = fmaxf(m1, a);
-            if (b > lo_k && b < hi_k) m0 = fminf(m0, b), m1 = fmaxf(m1, b);
-        }
-        for (int b = threadIdx.x; b <= KD_MEDIUM_BUCKETS; b += KD_MEDIUM_BLOCK)
-            sh.count[b] = sh.count_planar[b] = 0;
-        kd_block_min_max(m0, m1, sh.range);
-        if (!(m0 <= m1)) continue;  // (uniform)
-        const float span = __fsub_rn(m1, m0);
-        const float scale = span > 0.0f
-                                ? __fdiv_rn((float)(KD_MEDIUM_BUCKETS - 2), span) : 0.0f;
-        // each value's place in its bucket (lows | highs << 16, planar positions)
-        unsigned at[KD_MEDIUM_PER_THREAD], at_planar[KD_MEDIUM_PER_THREAD];
-        int b_lo[KD_MEDIUM_PER_THREAD], b_hi[KD_MEDIUM_PER_THREAD];
-#pragma unroll
-        for (int q = 0; q < KD_MEDIUM_PER_THREAD; ++q) {
-            const int i = threadIdx.x + q * KD_MEDIUM_BLOCK;
-            at[q] = at_planar[q] = 0;
-            b_lo[q] = b_hi[q] = 0;
-            if (i < r) {
-                const float a = lo_a[i], b = hi_a[i];
-                b_lo[q] = kd_medium_bucket(a, m0, m1, scale);
-                b_hi[q] = kd_medium_bucket(b, m0, m1, scale);
-                at[q] = (atomicAdd(&sh.count[b_lo[q]], 1u) & 0xffffu)
-                        | (atomicAdd(&sh.count[b_hi[q]], 1u << 16) & 0xffff0000u);
-                if (a == b) at_planar[q] = atomicAdd(&sh.count_planar[b_lo[q]], 1u);
-            }
-        }
-        __syncthreads();
-        // where each bucket's values begin: an exclusive scan of the three
-        // counts packed in a word (no field carries: each sums to at most r),
-        // stored back as the counts were
-        constexpr int PER = KD_MEDIUM_BUCKETS / KD_MEDIUM_BLOCK;
-        unsigned long long c[PER], sum = 0;
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            const unsigned w = sh.count[PER * threadIdx.x + j];
-            c[j] = (w & 0xffffu) | (unsigned long long)(w >> 16) << KD_MEDIUM_FIELD
-                   | (unsigned long long)sh.count_planar[PER * threadIdx.x + j]
-                         << (2 * KD_MEDIUM_FIELD);
-            sum += c[j];
+        const unsigned short* ev = sh.events[axis];
+        const int n = sh.num_events[axis];
+        // this thread's events [j0, j1): their STARTs and PLANARs (opens),
+        // ENDs and PLANARs (closes), and the counts before them
+        const int j0 = min(n, KD_MEDIUM_CHUNK * (int)threadIdx.x);
+        const int j1 = min(n, j0 + KD_MEDIUM_CHUNK);
+        long long counts = 0;  // opens | closes << 32
+        for (int j = j0; j < j1; ++j) {
+            const int kind = ev[j] & 3;
+            counts += (kind != KD_EVENT_END ? 1ll : 0ll) + (kind != KD_EVENT_START ? 1ll << 32 : 0ll);
         }
         long long total;
-        unsigned long long before =
-            (unsigned long long)kd_block_exclusive_scan<KD_MEDIUM_BLOCK>((long long)sum, &total);
-#pragma unroll
-        for (int j = 0; j < PER; ++j) {
-            kd_medium_set_start(sh, PER * threadIdx.x + j, before);
-            before += c[j];
+        long long before = kd_block_exclusive_scan<KD_MEDIUM_BLOCK>(counts, &total);
+        float prev = j0 > 0 ? kd_medium_event_pos(sh, axis, ev[j0 - 1]) : -KD_MEDIUM_INF;
+        for (int j = j0; j < j1; ++j) {
+            const unsigned code = ev[j];
+            const float p = kd_medium_event_pos(sh, axis, code);
+            if (p != prev && p > lo_k && p < hi_k) {
+                // the first event at p: its run's closes and planars
+                long long closed = before >> 32;
+                int planar = 0;
+                for (int k = j; k < n; ++k) {
+                    const unsigned c = ev[k];
+                    if (kd_medium_event_pos(sh, axis, c) != p) break;
+                    closed += (c & 3) != KD_EVENT_START;
+                    planar += (c & 3) == KD_EVENT_PLANAR;
+                }
+                kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, before & 0xffffffffll,
+                                  planar, (long long)r - closed, cfg);
+            }
+            prev = p;
+            const int kind = code & 3;
+            before += (kind != KD_EVENT_END ? 1ll : 0ll) + (kind != KD_EVENT_START ? 1ll << 32 : 0ll);
         }
-        if (threadIdx.x == 0) kd_medium_set_start(sh, KD_MEDIUM_BUCKETS, total);
-        __syncthreads();
-#pragma unroll
-        for (int q = 0; q < KD_MEDIUM_PER_THREAD; ++q) {
-            const int i = threadIdx.x + q * KD_MEDIUM_BLOCK;
-            if (i >= r) continue;
-            const float a = lo_a[i], b = hi_a[i];
-            sh.by_lo[(sh.count[b_lo[q]] & 0xffffu) + (at[q] & 0xffffu)] = a;
-            sh.by_hi[(sh.count[b_hi[q]] >> 16) + (at[q] >> 16)] = b;
-            if (a == b) sh.by_planar[sh.count_planar[b_lo[q]] + at_planar[q]] = a;
-        }
-        __syncthreads();
-        for (int c2 = threadIdx.x; c2 < 2 * r; c2 += KD_MEDIUM_BLOCK) {
-            const int t = c2 >> 1;
-            const float p = c2 & 1 ? hi_a[t] : lo_a[t];
-            if ((c2 & 1) && p == lo_a[t]) continue;  // planar: one event
-            if (!(p > lo_k && p < hi_k)) continue;
-            const int bp = kd_medium_bucket(p, m0, m1, scale);
-            const unsigned s0 = sh.count[bp], s1 = sh.count[bp + 1];
-            int n_left = (int)(s0 & 0xffffu);
-            for (int j = n_left; j < (int)(s1 & 0xffffu); ++j) n_left += sh.by_lo[j] < p;
-            int n_closed = (int)(s0 >> 16);
-            for (int j = n_closed; j < (int)(s1 >> 16); ++j) n_closed += sh.by_hi[j] <= p;
-            int n_planar = 0;
-            for (int j = sh.count_planar[bp]; j < (int)sh.count_planar[bp + 1]; ++j)
-                n_planar += sh.by_planar[j] == p;
-            kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
-                              (long long)(r - n_closed), cfg);
-        }
-        __syncthreads();  // (the next axis fills the buckets again)
     }
     for (int offset = 16; offset > 0; offset >>= 1) {
         KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
@@ -214,9 +171,36 @@ __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh,
     return best;
 }
 
+// A medium child's events: those of the references it holds, in their order,
+// renumbered (sh.to_child[side]), each axis' list after the previous one's
+// (at most twice its references each: 6 * count from `out` on). Every thread
+// of the block calls it.
+__device__ __forceinline__ void kd_medium_child_events(KdMediumShared& sh, int side, int count,
+                                                       unsigned short* out)
+{
+    const unsigned short* to = sh.to_child[side];
+    for (int axis = 0; axis < 3; ++axis) {
+        const unsigned short* ev = sh.events[axis];
+        const int n = sh.num_events[axis];
+        const int j0 = min(n, KD_MEDIUM_CHUNK * (int)threadIdx.x);
+        const int j1 = min(n, j0 + KD_MEDIUM_CHUNK);
+        long long kept = 0;
+        for (int j = j0; j < j1; ++j) kept += to[ev[j] >> 2] != KD_MEDIUM_NONE;
+        long long total;
+        long long at = kd_block_exclusive_scan<KD_MEDIUM_BLOCK>(kept, &total);
+        unsigned short* list = out + 2ll * count * axis;
+        for (int j = j0; j < j1; ++j) {
+            const unsigned code = ev[j];
+            const unsigned idx = to[code >> 2];
+            if (idx != KD_MEDIUM_NONE) list[at++] = (unsigned short)(idx << 2 | (code & 3));
+        }
+    }
+}
+
 // A node of KD_SMALL_MAX_REFS + 1 .. KD_MEDIUM_MAX_REFS references (or a
 // deferred one), one block: kd_small_wide_node's steps, rule for rule, with
-// the references in shared memory. Every thread of the block calls it.
+// the references' boxes and the events in shared memory. Every thread of the
+// block calls it.
 __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int* rec_words,
                                                const KdLoopSettings& cfg, KdMediumShared& sh)
 {
@@ -225,14 +209,32 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
     const unsigned lanes_below = (1u << lane) - 1u;
     const KdSmallRecord rec = kd_small_read_record(rec_words);
     const int r = rec.count;
+    const long long events = rec_words[KD_SMALL_RECORD];  // -1: none yet
+    const int* tri = L.in_refs + rec.start;
     __syncthreads();  // (the previous node's threads are done with sh)
     for (int i = threadIdx.x; i < r; i += KD_MEDIUM_BLOCK) {
-        const int t = L.in_refs[rec.start + i];
-        sh.tri[i] = t;
+        const int t = tri[i];
         for (int k = 0; k < 3; ++k) {
             sh.lo[k][i] = L.tri_lo[3 * t + k];
             sh.hi[k][i] = L.tri_hi[3 * t + k];
         }
+    }
+    __syncthreads();
+    for (int axis = 0; axis < 3; ++axis) {
+        if (events < 0) {
+            kd_medium_make_events(sh, axis, r);
+            continue;
+        }
+        // the parent wrote 2 * r - (planar references) events of each axis
+        int planar = 0;
+        for (int base = 0; base < r; base += KD_MEDIUM_BLOCK) {
+            const int i = base + threadIdx.x;
+            planar += __syncthreads_count(i < r && sh.lo[axis][i] == sh.hi[axis][i]);
+        }
+        const int n = 2 * r - planar;
+        const unsigned short* in = L.in_events + events + 2ll * r * axis;
+        for (int j = threadIdx.x; j < n; j += KD_MEDIUM_BLOCK) sh.events[axis][j] = in[j];
+        if (threadIdx.x == 0) sh.num_events[axis] = n;
     }
     __syncthreads();
     KdSmallSplit best = {0.0, 3, 0.0f, KD_SIDE_LEFT};
@@ -252,7 +254,7 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
             if (threadIdx.x == 0) kd_small_full(L, KD_SMALL_FULL_LEAVES);
             return;  // (block-uniform: the level's other nodes still count their needs)
         }
-        for (int i = threadIdx.x; i < r; i += KD_MEDIUM_BLOCK) *L.tree.leaf(first + i) = sh.tri[i];
+        for (int i = threadIdx.x; i < r; i += KD_MEDIUM_BLOCK) *L.tree.leaf(first + i) = tri[i];
         if (threadIdx.x == 0) {
             L.tree.set_node(rec.node, KD_AXIS_LEAF, 0.0f, (int)first, r);
             atomicMax(L.counters + KD_SMALL_DEPTH, (unsigned long long)rec.depth);
@@ -270,9 +272,10 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
         num_right += __syncthreads_count(cls & KD_CLASS_RIGHT);
     }
     const int counts[2] = {num_left, num_right};
-    int live = 0, back = 0, medium = 0;
+    int live = 0, back = 0, medium = 0, medium_events = 0;
     for (int side = 0; side < 2; ++side) {
         medium += counts[side] > KD_SMALL_MAX_REFS;
+        medium_events += counts[side] > KD_SMALL_MAX_REFS ? 6 * counts[side] : 0;
         live += counts[side] > 0 && counts[side] <= KD_SMALL_MAX_REFS;
         back += counts[side] > 0 && counts[side] <= KD_SMALL_TINY_REFS;
     }
@@ -287,12 +290,17 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
                              : 0ull;
         sh.slots[3] = atomicAdd(L.next + KD_SMALL_LEVEL_REFS,
                                 (unsigned long long)(num_left + num_right));
+        sh.slots[4] = medium_events ? atomicAdd(L.next + KD_SMALL_LEVEL_EVENTS,
+                                                (unsigned long long)medium_events)
+                                    : 0ull;
     }
     __syncthreads();
     const unsigned long long child = sh.slots[0], slot = sh.slots[1], first = sh.slots[3];
     const long long medium_at = (long long)sh.slots[2];
+    const unsigned long long events_at = sh.slots[4];
     const unsigned long long full_bits = kd_small_split_full(
-        L, child, slot, live, medium_at + medium, first + num_left + num_right);
+        L, child, slot, live, medium_at + medium, first + num_left + num_right,
+        events_at + medium_events);
     if (full_bits) {
         if (threadIdx.x == 0) kd_small_full(L, full_bits);
         return;
@@ -318,13 +326,24 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
             left += a;
             right += b;
         }
-        if (cls & KD_CLASS_LEFT) L.out_refs[first + at_left] = sh.tri[i];
-        if (cls & KD_CLASS_RIGHT) L.out_refs[first + num_left + at_right] = sh.tri[i];
+        if (cls & KD_CLASS_LEFT) L.out_refs[first + at_left] = tri[i];
+        if (cls & KD_CLASS_RIGHT) L.out_refs[first + num_left + at_right] = tri[i];
+        if (i < r) {
+            sh.to_child[0][i] = cls & KD_CLASS_LEFT ? at_left : KD_MEDIUM_NONE;
+            sh.to_child[1][i] = cls & KD_CLASS_RIGHT ? at_right : KD_MEDIUM_NONE;
+        }
         __syncthreads();  // (the counts are written again)
+    }
+    // a medium child's events (the left one's first)
+    unsigned long long events_next = events_at;
+    for (int side = 0; side < 2; ++side) {
+        if (counts[side] <= KD_SMALL_MAX_REFS) continue;
+        kd_medium_child_events(sh, side, counts[side], L.out_events + events_next);
+        events_next += 6 * counts[side];
     }
     if (threadIdx.x == 0) {
         const int deepest = kd_small_children(L, rec, best.axis, best.pos, (long long)child, slot,
-                                               medium_at, first, num_left, num_right);
+                                               medium_at, events_at, first, num_left, num_right);
         if (deepest >= 0) atomicMax(L.counters + KD_SMALL_DEPTH, (unsigned long long)deepest);
     }
 }

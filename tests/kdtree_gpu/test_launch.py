@@ -104,6 +104,18 @@ def test_nested_records_are_listed_but_not_totalled():
     assert "\n  sort" in prof.report()
 
 
+def test_the_profile_keeps_every_time_in_order():
+    prof = L.Profiler()
+    for ms in (3.0, 1.0, 2.0):
+        prof.add_time("level", ms, nested=True)
+    prof.add_time("pack", 0.5)
+    times = prof.times()
+    assert times == {"level": [3.0, 1.0, 2.0], "pack": [0.5]}
+    times["level"].append(9.0)  # a copy: the profile is unchanged
+    assert prof.times()["level"] == [3.0, 1.0, 2.0]
+    assert prof.as_dict()["level"]["launches"] == 3
+
+
 def test_set_active_profiler_and_debug_switch():
     prof = L.Profiler()
     assert L.set_active_profiler(prof) is None

@@ -32,7 +32,7 @@ _SOURCE = "build_small.cu"
 WARPS_PER_SM = 32
 # blocks of the medium-node kernel launched per multiprocessor (as many as
 # its registers let run at once), each strided over the level's medium nodes
-MEDIUM_BLOCKS_PER_SM = 4
+MEDIUM_BLOCKS_PER_SM = 16
 # Tree nodes the default first room may gain per deferred reference where the
 # build's peak so far leaves them free (room_under_peak), and the share of
 # that peak kept free as a margin for the estimate
@@ -101,6 +101,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)  # (a view: rows of `sizes`)
     rows[0, enc.SMALL_LEVEL_RECORDS], rows[0, enc.SMALL_LEVEL_REFS] = num, state.deferred_refs
     caps = settings.small_capacities(state.deferred_refs)
+    cap_events = caps[4] if medium is not None else 1  # (16-bit: six per medium reference)
     # The level loop's block goes back first: the tree's growth and this stage's
     # buffers (each one device allocation) would otherwise sit beside it, and
     # the growth would keep it until the tree is copied out (measured on an
@@ -108,16 +109,17 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     # and conference; the loop ended with a read, so nothing waits).
     state.workspace.release_unused()
     if settings.small_capacity is None:  # (a room the settings give is taken as it is)
-        caps = (caps[0] + room_under_peak(state.workspace, out, state, caps),) + caps[1:]
-    cap_tree, cap_leaves, cap_recs, cap_refs = caps
+        caps = (caps[0] + room_under_peak(state.workspace, out, state, caps,
+                                          2 * 2 * cap_events),) + caps[1:]
+    cap_tree, cap_leaves, cap_recs, cap_refs = caps[:4]
     out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_leaves,
                 state.level_base, state.leaf_ref_base, exact=True, pooled=True)
     state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
     # level L reads buffer 1 - L % 2 (level 0: the records) and writes L % 2
     # (both in one block at first: a level that finds its own full gets its own)
-    records, refs, mediums = _stage_buffers(cp, (2, cap_recs), (2, cap_refs))
-    buffers = [(records[0], refs[0], mediums[0]), (records[1], refs[1], mediums[1])]
-    del records, refs, mediums
+    both = _stage_buffers(cp, (2, cap_recs), (2, cap_refs), (2, cap_events))
+    buffers = [tuple(a[0] for a in both), tuple(a[1] for a in both)]
+    del both
     first = 0
     # (queued: a pageable upload would wait for the tree's copy queued above;
     # the pinned copy is kept until the read below has passed it)
@@ -127,7 +129,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         # level 0's medium records, copied out of the deferred ones once (a
         # run again from level 0 reads them again)
         with pooled():
-            deferred_medium = cp.empty((most_medium, enc.SMALL_RECORD), dtype=np.int32)
+            deferred_medium = cp.empty((most_medium, enc.MEDIUM_RECORD), dtype=np.int32)
         launch("small subtrees: medium records", get_function(_SOURCE, "kd_medium_records"),
                num, (state.deferred, np.int64(num), counters, deferred_medium))
     while True:
@@ -144,10 +146,10 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                     in_medium = deferred_medium if level == 0 else src[2]
                     launch("small subtrees: medium level", medium,
                            medium_blocks * enc.MEDIUM_BLOCK,
-                           (tri_lo, tri_hi, in_medium, in_refs, np.int32(level), counters,
-                            dst[0], dst[1], dst[2], np.int64(dst[0].shape[0]),
-                            np.int64(dst[1].shape[0]), np.int64(dst[2].shape[0]),
-                            *tree_args, loop_settings), block=enc.MEDIUM_BLOCK)
+                           (tri_lo, tri_hi, in_medium, in_refs, src[3], np.int32(level),
+                            counters, dst[0], dst[1], dst[2], dst[3],
+                            *(np.int64(a.shape[0]) for a in dst), *tree_args, loop_settings),
+                           block=enc.MEDIUM_BLOCK)
                 # a fixed grid of warps, strided over the level's nodes
                 records = state.deferred if level == 0 else src[0]
                 launch("small subtrees: level", kernel, blocks * enc.SMALL_BLOCK,
@@ -178,17 +180,19 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                  False)):
             if full & bit:
                 out.add_page(nodes, used, max(room // 2, 2 * int(want[key])))
-        if full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS):
+        if full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS | enc.SMALL_FULL_EVENTS):
             # The level's output buffer made again (what it wrote is written
             # again) with room for 5/4 of what it asked. Its input stays: grown
             # with its rows kept, both buffers and the copy were the bunny's
             # peak (H100: 573 bytes per triangle against 445); the next level
             # that finds it full makes it again the same way.
-            has = [a.shape[0] for a in buffers[first % 2]]
+            records, refs, _, events = buffers[first % 2]
+            has = [records.shape[0], refs.shape[0], events.shape[0]]
             child = rows[first + 1]
             asked = (level_records(child[enc.SMALL_LEVEL_RECORDS]),
-                     int(child[enc.SMALL_LEVEL_REFS]))
+                     int(child[enc.SMALL_LEVEL_REFS]), int(child[enc.SMALL_LEVEL_EVENTS]))
             caps = [max(h, a * 5 // 4 + 1024) for h, a in zip(has, asked)]
+            records = refs = events = None
             buffers[first % 2] = None  # (its block goes back to the pool first)
             buffers[first % 2] = _stage_buffers(cp, *caps)
         state.small_runs_full.append((first, full))
@@ -226,7 +230,7 @@ def level_records(word) -> int:
     return (word & enc.SMALL_RECORDS_FRONT) + (word >> enc.SMALL_RECORDS_BACK_SHIFT)
 
 
-def room_under_peak(workspace, out, state, caps) -> int:
+def room_under_peak(workspace, out, state, caps, events_bytes=0) -> int:
     """Tree nodes to add to the subtree stage's first room ``caps`` where the
     build's peak so far leaves them free (at most ``MORE_NODES_PER_REF`` per
     deferred reference; 0 where it leaves none).
@@ -251,12 +255,14 @@ def room_under_peak(workspace, out, state, caps) -> int:
     first room's worth of leaf entries and nodes. Each added node costs the
     new block ``_NODE_BYTES``. (On happy Buddha, 100k triangles, an estimate
     without the packed leaf list let the peak rise by 22 bytes per triangle
-    at 2.5 more nodes per reference.)
+    at 2.5 more nodes per reference.) ``events_bytes``: both buffers of the
+    medium nodes' events, beside the stage's other buffers.
     """
-    cap_tree, cap_leaves, cap_recs, cap_refs = (int(c) for c in caps)
+    cap_tree, cap_leaves, cap_recs, cap_refs = (int(c) for c in caps[:4])
     leaves = _LEAF_BYTES * (state.leaf_ref_base + cap_leaves)
     first_room = _NODE_BYTES * (state.level_base + cap_tree) + leaves
-    buffers = 2 * 4 * (cap_recs * enc.SMALL_RECORD + cap_refs)  # two of each, int32
+    # two of each, int32 (and the medium nodes' events: events_bytes)
+    buffers = 2 * 4 * (cap_recs * enc.SMALL_RECORD + cap_refs) + events_bytes
     beside = workspace.footprint() - out.block_bytes
     need = beside + first_room + max(out.block_bytes, buffers + leaves, first_room)
     spare = int(workspace.high_water * (1 - PEAK_MARGIN)) - need
@@ -264,26 +270,30 @@ def room_under_peak(workspace, out, state, caps) -> int:
     return max(0, min(most, spare // _NODE_BYTES))
 
 
-def _stage_buffers(cp, cap_recs, cap_refs):
-    """Records and reference lists of subtree levels, in one block of the workspace
-    pool (one device allocation; the leaf packing's int64 per tree node is
-    cut from the freed ones, where it fits). ``cap_recs``, ``cap_refs``: a
-    level's rows, or ``(2, rows)`` for both buffers. The medium records get
-    a row per ``SMALL_MAX_REFS + 1`` references of room: each holds more, so
-    they run out only where the references do.
+def _stage_buffers(cp, cap_recs, cap_refs, cap_events=1):
+    """Records, reference lists and medium nodes' events of subtree levels, in one
+    block of the workspace pool (one device allocation; the leaf packing's
+    int64 per tree node is cut from the freed ones, where it fits).
+    ``cap_recs``, ``cap_refs``, ``cap_events``: a level's rows, or
+    ``(2, rows)`` for both buffers. The medium records get a row per
+    ``SMALL_MAX_REFS + 1`` references of room: each holds more, so they run
+    out only where the references do.
 
     Returns
     -------
     records : (..., cap_recs, SMALL_RECORD) int32
     refs : (..., cap_refs) int32
-    mediums : (..., cap_refs // (SMALL_MAX_REFS + 1) + 1, SMALL_RECORD) int32
+    mediums : (..., cap_refs // (SMALL_MAX_REFS + 1) + 1, MEDIUM_RECORD) int32
+    events : (..., cap_events) uint16
     """
-    recs, refs = (tuple(c) if isinstance(c, tuple) else (c,) for c in (cap_recs, cap_refs))
+    recs, refs, events = (tuple(c) if isinstance(c, tuple) else (c,)
+                          for c in (cap_recs, cap_refs, cap_events))
     mediums = refs[:-1] + (refs[-1] // (enc.SMALL_MAX_REFS + 1) + 1,)
     with pooled():
         return tuple(arrays_in_one_block(cp, [((*recs, enc.SMALL_RECORD), np.int32),
                                               (refs, np.int32),
-                                              ((*mediums, enc.SMALL_RECORD), np.int32)]))
+                                              ((*mediums, enc.MEDIUM_RECORD), np.int32),
+                                              (events, np.uint16)]))
 
 
 def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
