@@ -44,6 +44,13 @@ struct KdMediumShared {
     unsigned long long slots[6];  // what the node's atomics gave, for every thread
 };
 
+// An event's opens (STARTs and PLANARs) | closes (ENDs and PLANARs) << 32.
+__device__ __forceinline__ long long kd_medium_open_close(unsigned code)
+{
+    const int kind = code & 3;
+    return (kind != KD_EVENT_END ? 1ll : 0ll) + (kind != KD_EVENT_START ? 1ll << 32 : 0ll);
+}
+
 __device__ __forceinline__ float kd_medium_event_pos(const KdMediumShared& sh, int axis,
                                                      unsigned code)
 {
@@ -88,8 +95,10 @@ __device__ __forceinline__ void kd_medium_make_events(KdMediumShared& sh, int ax
             for (int i = threadIdx.x; i < n2 / 2; i += KD_MEDIUM_BLOCK) {
                 const int x = 2 * i - (i & (j - 1)), y = x + j;
                 const unsigned a = ev[x], b = ev[y];
-                const float pa = a == KD_MEDIUM_NONE ? KD_MEDIUM_INF : kd_medium_event_pos(sh, axis, a);
-                const float pb = b == KD_MEDIUM_NONE ? KD_MEDIUM_INF : kd_medium_event_pos(sh, axis, b);
+                const float pa = a == KD_MEDIUM_NONE ? KD_MEDIUM_INF
+                                                     : kd_medium_event_pos(sh, axis, a);
+                const float pb = b == KD_MEDIUM_NONE ? KD_MEDIUM_INF
+                                                     : kd_medium_event_pos(sh, axis, b);
                 const bool b_first = pb < pa || (pb == pa && b < a);
                 if (b_first == ((x & k) == 0)) {  // out of order for this direction
                     ev[x] = (unsigned short)b;
@@ -107,15 +116,11 @@ __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh,
                                                               const float* nlo, const float* nhi,
                                                               const KdLoopSettings& cfg)
 {
-    const unsigned full = 0xffffffffu;
-    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
-    double ext[3];
-    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
-    const double area = kd_half_area(ext[0], ext[1], ext[2]);
-    const int longest = kd_longest_axis(nlo, nhi, 0);
+    KdSmallSplit best = kd_small_no_split();
+    const KdSmallBox box = kd_small_box(nlo, nhi);
 #pragma unroll 1
     for (int axis = 0; axis < 3; ++axis) {
-        if (cfg.longest_only && axis != longest) continue;
+        if (cfg.longest_only && axis != box.longest) continue;
         const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
         const unsigned short* ev = sh.events[axis];
         const int n = sh.num_events[axis];
@@ -124,10 +129,7 @@ __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh,
         const int j0 = min(n, KD_MEDIUM_CHUNK * (int)threadIdx.x);
         const int j1 = min(n, j0 + KD_MEDIUM_CHUNK);
         long long counts = 0;  // opens | closes << 32
-        for (int j = j0; j < j1; ++j) {
-            const int kind = ev[j] & 3;
-            counts += (kind != KD_EVENT_END ? 1ll : 0ll) + (kind != KD_EVENT_START ? 1ll << 32 : 0ll);
-        }
+        for (int j = j0; j < j1; ++j) counts += kd_medium_open_close(ev[j]);
         long long total;
         long long before = kd_block_exclusive_scan<KD_MEDIUM_BLOCK>(counts, &total);
         float prev = j0 > 0 ? kd_medium_event_pos(sh, axis, ev[j0 - 1]) : -KD_MEDIUM_INF;
@@ -144,22 +146,14 @@ __device__ __forceinline__ KdSmallSplit kd_medium_best_split(KdMediumShared& sh,
                     closed += (c & 3) != KD_EVENT_START;
                     planar += (c & 3) == KD_EVENT_PLANAR;
                 }
-                kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, before & 0xffffffffll,
-                                  planar, (long long)r - closed, cfg);
+                kd_small_consider(best, box.ext, box.area, axis, lo_k, hi_k, p,
+                                  before & 0xffffffffll, planar, (long long)r - closed, cfg);
             }
             prev = p;
-            const int kind = code & 3;
-            before += (kind != KD_EVENT_END ? 1ll : 0ll) + (kind != KD_EVENT_START ? 1ll << 32 : 0ll);
+            before += kd_medium_open_close(code);
         }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
-                              __shfl_xor_sync(full, best.axis, offset),
-                              __shfl_xor_sync(full, best.pos, offset),
-                              __shfl_xor_sync(full, best.side, offset)};
-        if (kd_small_better(other.cost, other.axis, other.pos, best.cost, best.axis, best.pos))
-            best = other;
-    }
+    best = kd_small_warp_best(best);
     if ((threadIdx.x & 31) == 0) sh.warp_best[threadIdx.x >> 5] = best;
     __syncthreads();
     best = sh.warp_best[0];

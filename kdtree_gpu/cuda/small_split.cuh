@@ -38,6 +38,44 @@ struct KdSmallSplit {
     int side;
 };
 
+// No plane yet: any candidate's cost is below it.
+__device__ __forceinline__ KdSmallSplit kd_small_no_split()
+{
+    return {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
+}
+
+// What every candidate of a node's box needs: its extents and half area (float64)
+// and its longest axis.
+struct KdSmallBox {
+    double ext[3];
+    double area;
+    int longest;
+};
+
+__device__ __forceinline__ KdSmallBox kd_small_box(const float* nlo, const float* nhi)
+{
+    KdSmallBox b;
+    for (int k = 0; k < 3; ++k) b.ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
+    b.area = kd_half_area(b.ext[0], b.ext[1], b.ext[2]);
+    b.longest = kd_longest_axis(nlo, nhi, 0);
+    return b;
+}
+
+// The best of the warp's lanes' planes, in every lane.
+__device__ __forceinline__ KdSmallSplit kd_small_warp_best(KdSmallSplit best)
+{
+    const unsigned full = 0xffffffffu;
+    for (int offset = 16; offset > 0; offset >>= 1) {
+        KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
+                              __shfl_xor_sync(full, best.axis, offset),
+                              __shfl_xor_sync(full, best.pos, offset),
+                              __shfl_xor_sync(full, best.side, offset)};
+        if (kd_small_better(other.cost, other.axis, other.pos, best.cost, best.axis, best.pos))
+            best = other;
+    }
+    return best;
+}
+
 // Plane p of an axis with its run-head counts, against the best so far: the
 // lowest (cost, axis, position) wins, whichever order the candidates come in.
 __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const double* ext,
@@ -95,15 +133,12 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     const float* nhi, const KdLoopSettings& cfg)
 {
     const unsigned full = 0xffffffffu;
-    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
-    double ext[3];
-    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
-    const double area = kd_half_area(ext[0], ext[1], ext[2]);
-    const int longest = kd_longest_axis(nlo, nhi, 0);
+    KdSmallSplit best = kd_small_no_split();
+    const KdSmallBox box = kd_small_box(nlo, nhi);
     const bool two = r > 32;  // the same in every lane
 #pragma unroll 1
     for (int axis = 0; axis < 3; ++axis) {
-        if (cfg.longest_only && axis != longest) continue;
+        if (cfg.longest_only && axis != box.longest) continue;
         float lo_a[KD_SMALL_PER_LANE], hi_a[KD_SMALL_PER_LANE];
         bool planar = false;
 #pragma unroll
@@ -130,19 +165,11 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
             const float p = c & 1 ? hi_a[q] : lo_a[q];
             if ((c & 1) && p == lo_a[q]) continue;  // planar: one event
             if (!(p > lo_k && p < hi_k)) continue;
-            kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, n_lo_cl[c] & 0xffff, n_pl[c],
-                              (long long)r - (n_lo_cl[c] >> 16), cfg);
+            kd_small_consider(best, box.ext, box.area, axis, lo_k, hi_k, p, n_lo_cl[c] & 0xffff,
+                              n_pl[c], (long long)r - (n_lo_cl[c] >> 16), cfg);
         }
     }
-    for (int offset = 16; offset > 0; offset >>= 1) {
-        KdSmallSplit other = {__shfl_xor_sync(full, best.cost, offset),
-                              __shfl_xor_sync(full, best.axis, offset),
-                              __shfl_xor_sync(full, best.pos, offset),
-                              __shfl_xor_sync(full, best.side, offset)};
-        if (kd_small_better(other.cost, other.axis, other.pos, best.cost, best.axis, best.pos))
-            best = other;
-    }
-    return best;
+    return kd_small_warp_best(best);
 }
 
 // v[k] of an array of KD_SMALL_TINY_REFS for a run-time k, by selects.
@@ -168,14 +195,11 @@ __device__ __forceinline__ KdSmallSplit kd_tiny_best_split(const int* tri,
                                                            const float* nhi,
                                                            const KdLoopSettings& cfg)
 {
-    KdSmallSplit best = {__longlong_as_double((long long)KD_INF_BITS), 3, 0.0f, KD_SIDE_LEFT};
-    double ext[3];
-    for (int k = 0; k < 3; ++k) ext[k] = __dsub_rn((double)nhi[k], (double)nlo[k]);
-    const double area = kd_half_area(ext[0], ext[1], ext[2]);
-    const int longest = kd_longest_axis(nlo, nhi, 0);
+    KdSmallSplit best = kd_small_no_split();
+    const KdSmallBox box = kd_small_box(nlo, nhi);
 #pragma unroll 1
     for (int axis = 0; axis < 3; ++axis) {
-        if (cfg.longest_only && axis != longest) continue;
+        if (cfg.longest_only && axis != box.longest) continue;
         // references past r are +inf on both ends (bits: NVRTC has no INFINITY): they count nowhere
         float lo_a[KD_SMALL_TINY_REFS], hi_a[KD_SMALL_TINY_REFS];
 #pragma unroll
@@ -197,7 +221,7 @@ __device__ __forceinline__ KdSmallSplit kd_tiny_best_split(const int* tri,
                 n_closed += hi_a[t] <= p;
                 n_planar += lo_a[t] == hi_a[t] && lo_a[t] == p;
             }
-            kd_small_consider(best, ext, area, axis, lo_k, hi_k, p, n_left, n_planar,
+            kd_small_consider(best, box.ext, box.area, axis, lo_k, hi_k, p, n_left, n_planar,
                               (long long)(r - n_closed), cfg);
         }
     }
