@@ -141,6 +141,9 @@ class GpuSettings:
         conference 0.88-1.04x over four runs;
         benchmarks/results/small_nodes_h100.md), and it lets the loop's
         buffers be sized for narrower levels (:func:`default_loop_capacity`).
+        Up to 256 was measured no faster on an H100: the block stage spends
+        what it takes out of the loop
+        (benchmarks/results/medium_nodes_h100.md).
     small_min_refs : int
         Builds (or levels handed back to the level loop) of fewer references
         defer nothing: the subtree stage costs a launch per level that can
