@@ -2,16 +2,18 @@
 // (kdtree_gpu/builder/gpu/small.py, build_small_subtrees).
 //
 // The level loop (build_loop.cu) defers every node it would split that holds
-// at most small_refs <= KD_SMALL_MAX_REFS references: it writes the node as a
+// at most small_refs <= KD_MEDIUM_MAX_REFS references: it writes the node as a
 // leaf of its references and a record (tree node, level, leaf range, box).
 // Here the deferred nodes' subtrees are built level by level, one launch per
 // level, a warp per node (a thread per node of at most KD_SMALL_TINY_REFS
-// references, most of them), with the rules of the level stages
+// references, most of them; a block per node of more than KD_SMALL_MAX_REFS,
+// medium_node.cuh, in a launch of its own before), with the rules of the level stages
 // (build_stages.cuh), so the tree is the one the level loop would have built,
 // node for node (only the numbering differs). A level costs one launch, not
 // the loop's dozen grid barriers and event passes.
 //
-// The best plane of each node is small_split.cuh's.
+// The best plane of each node is small_split.cuh's (medium_node.cuh's for
+// the medium ones).
 #include "medium_node.cuh"
 
 // v's exclusive prefix over the warp's lanes plus what one atomicAdd of the

@@ -13,7 +13,11 @@ brute-force counts equal the level stages' event scans), level by level with
 one warp per node (one thread per node of at most ``SMALL_TINY_REFS``
 references, most of them) and no events, appending node pairs and leaves to
 the tree; then it packs the leaf lists so that the deferred nodes' old leaf
-ranges leave no gaps.
+ranges leave no gaps. With ``settings.small_refs`` above ``SMALL_MAX_REFS``
+(at most ``MEDIUM_MAX_REFS``; off by default: measured no faster,
+``benchmarks/results/medium_nodes_h100.md``) each level first gives the
+nodes of more than ``SMALL_MAX_REFS`` references a block each
+(``cuda/medium_node.cuh``: their events, sorted once per subtree).
 """
 
 from __future__ import annotations
