@@ -19,35 +19,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "benchmarks"))
-
-
-def _build_ms(kd, V, F, settings, repeats):
-    import cupy
-    import numpy as np
-
-    for _ in range(2):
-        kd.build(V, F, settings=settings)
-    times = []
-    for _ in range(repeats):
-        start, end = cupy.cuda.Event(), cupy.cuda.Event()
-        start.record()
-        kd.build(V, F, settings=settings)
-        end.record()
-        end.synchronize()
-        times.append(cupy.cuda.get_elapsed_time(start, end))
-    return float(np.median(times))
+from _common import ROOT, git_commit, gpu_time_ms, utc_now
 
 
 def sweep(kd, mesh, V, F, small_refs, repeats):
     from kdtree_gpu.builder import GpuSettings
 
     settings = GpuSettings(small_refs=small_refs)
-    ms = _build_ms(kd, V, F, settings, repeats)
+    ms, _ = gpu_time_ms(lambda: kd.build(V, F, settings=settings), repeats, 2)
     tree = kd.build(V, F, settings=settings, profile=True)
     info = tree.build_info
     rows = {name: [round(v["total_ms"], 3), v["launches"], round(v["max_ms"], 3)]
@@ -109,7 +90,8 @@ def main(argv=None):
     if args.out:
         device = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["name"].decode()
         path = Path(args.out) / "medium_nodes.json"
-        path.write_text(json.dumps({"device": device, "results": results}, indent=1) + "\n")
+        path.write_text(json.dumps({"device": device, "commit": git_commit(), "date": utc_now(),
+                                    "results": results}, indent=1) + "\n")
     return 0
 
 
