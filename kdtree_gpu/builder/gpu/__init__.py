@@ -65,8 +65,8 @@ class LoopState:
     # runs of the subtree levels that found buffers full: (first such level, SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
-    medium_subtrees: int = 0  # deferred nodes whose subtree's first level took a block
-    medium_level_sizes: list = dataclasses.field(default_factory=list)  # such nodes by level
+    # the medium nodes of each subtree level (a block each)
+    medium_level_sizes: list = dataclasses.field(default_factory=list)
     # the level loop's first buffers when the start level was decoded into them
     buffers: object = None
 
@@ -218,7 +218,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "loop_kernel": grid_loop[0].name if grid_loop is not None and state.launches
             else None,
             "stage_levels": state.stage_levels,
-            "small_subtrees": state.num_deferred, "medium_subtrees": state.medium_subtrees,
+            "small_subtrees": state.num_deferred,
+            "medium_subtrees": (state.medium_level_sizes or [0])[0],  # (level 0's)
             "small_runs_full": state.small_runs_full,
             "small_level_sizes": state.small_level_sizes,
             "medium_level_sizes": state.medium_level_sizes,

@@ -213,7 +213,6 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     del buffers, staged, deferred_medium  # (the first read passed the pinned copy)
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
     live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_REFS]))
-    state.medium_subtrees = int(rows[0, enc.SMALL_LEVEL_MEDIUM])
     state.medium_level_sizes = [int(r[enc.SMALL_LEVEL_MEDIUM]) for r in rows[:live]]
     state.small_level_sizes = [(level_records(r[enc.SMALL_LEVEL_RECORDS])
                                 + int(r[enc.SMALL_LEVEL_MEDIUM]) * (i > 0),
