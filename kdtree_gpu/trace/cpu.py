@@ -56,7 +56,8 @@ from .. import encoding as enc
 from .layout import cpu_layout
 from .ray_order import ray_order
 from .simd import (LANES, _lane, _prefetch, _splat, _vadd, _vdiv, _vedge64, _veq, _vge, _vgt,
-                   _vle, _vload, _vlt, _vmax, _vmin, _vmul, _vne, _vsel, _vstore, _vsub)
+                   _vfar_tn, _vle, _vload, _vlt, _vmul, _vnear_tf, _vne, _vsel, _vstore,
+                   _vsub)
 from .watertight import _F32_INF, _F32_ONE, _F32_ZERO, _clip_slab, setup_watertight
 
 # 2^-18, as KD_TRAVERSE_EPS in kdtree_gpu/cuda/traverse.cu
@@ -99,16 +100,27 @@ def _ray_problems(origins, directions, tmin, tmax, problem):
 
 
 # --- kd-tree traversal, a packet of rays at a time ------------------------------
+@numba.njit(cache=True, error_model="numpy", inline="always")
+def _plane_t(splits, lane_flat, node, axis):
+    # the lanes' distances to node's plane on axis: rows axis and 3 + axis of
+    # the lanes (origin and reciprocal direction) are loads, not branches on
+    # axis; a leaf (axis 3) reads rows 3 and 6, and its result goes unused
+    P = LANES
+    return _vmul(_vsub(_splat(splits[np.uint32(2 * node)]), _vload(lane_flat, P * axis)),
+                 _vload(lane_flat, P * (3 + axis)))
+
+
 @numba.njit(cache=True, error_model="numpy")
 def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
                    ray_tmax, any_hit, begin, end, stack_size, hit_t, hit_tri, hit_u, hit_v,
-                   order):
+                   order, branch_free):
     # Rays begin..end-1 in packets of up to LANES (module docstring), each answer
     # written at the ray's place; order (empty: the identity) gives the place's
     # index among the caller's rays, which a bad ray's record names. For
     # any hit, hit_tri is 1 or -1. ray_tmin, ray_tmax: one value per ray, or
-    # one for all. Bad rays (_ray_problem) are misses; returns their count
-    # and the least (index << RAY_KIND_BITS) | problem among them (-1: none).
+    # one for all. branch_free: the descent's choices as selects, not branches
+    # (module docstring). Bad rays (_ray_problem) are misses; returns their
+    # count and the least (index << RAY_KIND_BITS) | problem among them (-1: none).
     f32 = np.float32
     P = LANES
     # the packet's lanes, written ray by ray, then read as vectors
@@ -120,6 +132,8 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
     st_bits = np.empty(stack_size, np.int64)
     st_tn = np.empty(stack_size * P, f32)
     st_tf = np.empty(stack_size * P, f32)
+    st_word = np.empty(stack_size, np.int64)  # the pushed node's word
+    st_ts = np.empty(stack_size * P, f32)  # and its plane's distances
     lo_x, lo_y, lo_z = box[0], box[1], box[2]
     hi_x, hi_y, hi_z = box[3], box[4], box[5]
     zero8 = _splat(_F32_ZERO)
@@ -209,10 +223,14 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
 
         sp = 0
         node = 0
+        word = nodes[1]
+        ts = _plane_t(splits, lane_flat, 0, word & _AXIS_MASK)
         while True:
             # Descend to a leaf: each lane decides as a lone ray would; the
-            # packet goes where any active lane goes, the near child first
-            word = nodes[np.uint32(2 * node + 1)]
+            # packet goes where any active lane goes, the near child first.
+            # ts: the lanes' distances to this node's plane, computed a step
+            # ahead with its sibling's, so that a step waits for its decision
+            # only, not for the loads and arithmetic after it
             axis = word & _AXIS_MASK
             while axis != _AXIS_LEAF:
                 left = word >> _PACK_SHIFT
@@ -220,35 +238,54 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 # the clustered layout, read next whichever way the lanes go
                 _prefetch(nodes, 2 * left + 16)
                 _prefetch(nodes, 2 * left + 32)
+                # the children's words and planes (a leaf's "plane" is unused)
+                w0 = nodes[np.uint32(2 * left + 1)]
+                w1 = nodes[np.uint32(2 * left + 3)]
+                ts0 = _plane_t(splits, lane_flat, left, w0 & _AXIS_MASK)
+                ts1 = _plane_t(splits, lane_flat, left + 1, w1 & _AXIS_MASK)
                 neg = (pk_neg >> axis) & 1
                 first = left + neg
                 second = left + (1 - neg)
-                # rows axis and 3 + axis of the lanes: loads, not branches on axis
-                o_a = _vload(lane_flat, P * axis)
-                i_a = _vload(lane_flat, P * (3 + axis))
-                ts = _vmul(_vsub(_splat(splits[np.uint32(2 * node)]), o_a), i_a)
+                w_first, w_second = (w1, w0) if neg else (w0, w1)
+                ts_first, ts_second = _vsel(-neg, ts1, ts0), _vsel(-neg, ts0, ts1)
                 near_only = _vgt(ts, _vadd(tf, v_eps))
                 far_only = _vlt(ts, _vsub(tn, v_eps)) & ~near_only
                 go_first = act & ~far_only
                 go_second = act & ~near_only
-                if go_first != 0 and go_second != 0:
-                    both = ~(near_only | far_only)
-                    # fmaxf / fminf, as on the GPU: a NaN ts keeps tn and tf
-                    _vstore(st_tn, P * sp, _vsel(both, _vmax(ts, tn), tn))
+                # where both children are visited, the pushed far child starts
+                # at fmaxf(ts, tn) and the near one ends at fminf(ts, tf), as
+                # on the GPU (a NaN ts keeps tn and tf)
+                if branch_free:
+                    # the far child's entry is always written, and kept (sp
+                    # moves) only when both children are visited
+                    push = np.int64(go_first != 0 and go_second != 0)
+                    _vstore(st_tn, P * sp, _vfar_tn(ts, tn, tf, v_eps))
                     _vstore(st_tf, P * sp, tf)
+                    _vstore(st_ts, P * sp, ts_second)
                     st_node[np.uint32(sp)] = second
                     st_bits[np.uint32(sp)] = go_second
+                    st_word[np.uint32(sp)] = w_second
+                    sp += push
+                    tf = _vnear_tf(ts, tn, tf, v_eps)
+                    take = go_first != 0
+                    node = first if take else second
+                    act = go_first if take else go_second
+                    word = w_first if take else w_second
+                    ts = _vsel(-np.int64(take), ts_first, ts_second)
+                elif go_first != 0 and go_second != 0:
+                    _vstore(st_tn, P * sp, _vfar_tn(ts, tn, tf, v_eps))
+                    _vstore(st_tf, P * sp, tf)
+                    _vstore(st_ts, P * sp, ts_second)
+                    st_node[np.uint32(sp)] = second
+                    st_bits[np.uint32(sp)] = go_second
+                    st_word[np.uint32(sp)] = w_second
                     sp += 1
-                    tf = _vsel(both, _vmin(ts, tf), tf)
-                    node = first
-                    act = go_first
+                    tf = _vnear_tf(ts, tn, tf, v_eps)
+                    node, act, word, ts = first, go_first, w_first, ts_first
                 elif go_first != 0:
-                    node = first
-                    act = go_first
+                    node, act, word, ts = first, go_first, w_first, ts_first
                 else:
-                    node = second
-                    act = go_second
-                word = nodes[np.uint32(2 * node + 1)]
+                    node, act, word, ts = second, go_second, w_second, ts_second
                 axis = word & _AXIS_MASK
 
             # Test the leaf's triangles against each active lane's whole interval
@@ -317,6 +354,8 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 act = st_bits[np.uint32(sp)] & ~done
                 tn = _vload(st_tn, P * sp)
                 tf = _vload(st_tf, P * sp)
+                ts = _vload(st_ts, P * sp)
+                word = st_word[np.uint32(sp)]
             if act == 0:
                 break
 
@@ -335,7 +374,8 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
 
 @numba.njit(cache=True, parallel=True, error_model="numpy")
 def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin,
-                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v, order, bad):
+                ray_tmax, any_hit, stack_size, hit_t, hit_tri, hit_u, hit_v, order, branch_free,
+                bad):
     # bad[c]: the bad rays of chunk c (count, first record)
     num_rays = origins.shape[0]
     num_chunks = (num_rays + RAY_CHUNK - 1) // RAY_CHUNK
@@ -343,7 +383,7 @@ def _trace_rays(nodes, splits, tris, tri_ids, box, scale, origins, directions, r
         bad[c, 0], bad[c, 1] = _trace_packets(
             nodes, splits, tris, tri_ids, box, scale, origins, directions, ray_tmin, ray_tmax,
             any_hit, c * RAY_CHUNK, min(num_rays, (c + 1) * RAY_CHUNK), stack_size, hit_t,
-            hit_tri, hit_u, hit_v, order)
+            hit_tri, hit_u, hit_v, order, branch_free)
 
 
 # rays per parallel task of the copies into and out of the traced order, and how
@@ -412,6 +452,9 @@ def run_layout(lay, origins, directions, tmin, tmax, any_hit, status, force_orde
         return hit_t, hit_tri, hit_u, hit_v
     t0, t1 = _bound(tmin), _bound(tmax)
     order = ray_order(lay.bounds, origins, directions, force=force_order)
+    # sorted rays are incoherent ones: their lanes' choices are a coin toss
+    # for the branch predictor, and selects cost less than its misses
+    branch_free = order is not None
     if order is None:
         order = np.empty(0, np.int32)  # the rays as given
         out = hit_t, hit_tri, hit_u, hit_v
@@ -430,7 +473,8 @@ def run_layout(lay, origins, directions, tmin, tmax, any_hit, status, force_orde
     # chunks go to whichever core is free (the rays of a frame differ in cost)
     with numba.parallel_chunksize(1):
         _trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, origins,
-                    directions, t0, t1, any_hit, lay.stack_size, *out, order, bad)
+                    directions, t0, t1, any_hit, lay.stack_size, *out, order, branch_free,
+                    bad)
     if order.shape[0]:
         _scatter_hits(order, *out, hit_t, hit_tri, hit_u, hit_v)
     if status is not None:

@@ -4,12 +4,13 @@ numba has no SIMD type; _Vec8 is one, an LLVM <8 x float> held in a
 register, and the intrinsics below compile each operation to one AVX
 instruction (vsubps, vmulps, vcmpps, ...), rounded as the scalar operation
 is (no fast-math flags: nothing is contracted into an FMA). Comparisons
-give the lanes' results as the bits of an int (bit l: lane l).
+give the lanes' results as the bits of an int (bit l: lane l); the
+interval updates of a traversal step (_vnear_tf, _vfar_tn) keep theirs as
+vector masks.
 """
 
 from __future__ import annotations
 
-import numba
 from llvmlite import ir
 from numba.core import cgutils, types
 from numba.extending import intrinsic, models, register_model
@@ -159,15 +160,49 @@ def _vstore(typingctx, arr, start, a):
     return types.none(arr, start, _vec8), codegen
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
-def _vmin(a, b):
-    # fminf(a, b) where only a may be NaN: b then (the GPU's fminf(ts, tf))
-    return _vsel(_vlt(a, b), a, b)
+def _both_sides(builder, ts, tn, tf, eps):
+    # lanes that visit both children of a node: their plane distance ts is
+    # neither beyond tf + eps nor before tn - eps (a NaN ts is neither), as a
+    # vector mask
+    near_only = builder.fcmp_ordered(">", ts, builder.fadd(tf, eps))
+    far_only = builder.fcmp_ordered("<", ts, builder.fsub(tn, eps))
+    return builder.not_(builder.or_(near_only, far_only))
 
 
-@numba.njit(cache=True, error_model="numpy", inline="always")
-def _vmax(a, b):
-    return _vsel(_vgt(a, b), a, b)
+@intrinsic
+def _vnear_tf(typingctx, ts, tn, tf, eps):
+    """The near child's far end: fminf(ts, tf) in the lanes that visit both
+    children, tf in the others (and where ts is NaN, as the GPU's fminf).
+
+    Both and the minimum are vector masks here, not an int's bits: the
+    traversal's interval goes through this every step, and the way through
+    the bits (compare, move to an int, broadcast, test) made each step wait
+    longer (200k diffuse rays on the bunny, one core: the kernel 1.07x faster).
+    """
+    if any(x != _vec8 for x in (ts, tn, tf, eps)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ts, tn, tf, eps = args
+        lower = builder.fcmp_ordered("<", ts, tf)
+        take = builder.and_(_both_sides(builder, ts, tn, tf, eps), lower)
+        return builder.select(take, ts, tf)
+    return _vec8(_vec8, _vec8, _vec8, _vec8), codegen
+
+
+@intrinsic
+def _vfar_tn(typingctx, ts, tn, tf, eps):
+    """The far child's near end: fmaxf(ts, tn) in the lanes that visit both
+    children, tn in the others (as :func:`_vnear_tf`)."""
+    if any(x != _vec8 for x in (ts, tn, tf, eps)):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ts, tn, tf, eps = args
+        higher = builder.fcmp_ordered(">", ts, tn)
+        take = builder.and_(_both_sides(builder, ts, tn, tf, eps), higher)
+        return builder.select(take, ts, tn)
+    return _vec8(_vec8, _vec8, _vec8, _vec8), codegen
 
 
 @intrinsic

@@ -70,6 +70,30 @@ def test_coherent_rays_keep_their_order_and_agree_with_a_shuffle(make_tree, rng)
     assert_identical(trace(tree, O[perm], D[perm]), tuple(a[perm] for a in base))
 
 
+@pytest.mark.parametrize("any_hit", [False, True])
+def test_branch_free_descent_changes_no_bit(make_tree, rng, any_hit):
+    # sorted (incoherent) rays choose children with selects, others with
+    # branches: the same rays through both, in both orders, answer alike
+    from kdtree_gpu.trace.layout import cpu_layout
+
+    tree = torus_tree(make_tree)
+    lay = cpu_layout(tree)
+    O, D, t0, t1 = testing.random_rays(tree.bounds, 20_000, rng, unit=False, intervals=0.3,
+                                       special=0.1)
+    n = len(O)
+    answers = []
+    for branch_free in (False, True):
+        out = (np.empty(n, np.float32), np.empty(n, np.int32), np.empty(n, np.float32),
+               np.empty(n, np.float32))
+        bad = np.empty(((n + cpu.RAY_CHUNK - 1) // cpu.RAY_CHUNK, 2), np.int64)
+        cpu._trace_rays(lay.nodes, lay.splits, lay.tris, lay.tri_ids, lay.box, lay.scale, O, D,
+                        t0, t1, any_hit, lay.stack_size, *out, np.empty(0, np.int32),
+                        branch_free, bad)
+        answers.append(out)
+    assert 0.1 < np.mean(answers[0][1] >= 0 if not any_hit else answers[0][1] > 0) < 0.9
+    assert_identical(answers[0], answers[1])
+
+
 def test_a_ray_alone_gets_its_answer_in_a_batch(make_tree, rng):
     # packets of one lane, and small batches that are not sorted
     tree = torus_tree(make_tree)

@@ -3,7 +3,7 @@
 import numba
 import numpy as np
 
-from kdtree_gpu.trace.simd import LANES, _vgt, _vload, _vmax, _vmin, _vsel, _vstore
+from kdtree_gpu.trace.simd import LANES, _vfar_tn, _vgt, _vload, _vnear_tf, _vsel, _vstore
 
 
 @numba.njit(cache=False)
@@ -24,19 +24,29 @@ def test_vsel_takes_each_lane_from_its_bit():
 
 
 @numba.njit(cache=False)
-def _min_max_gt(a, b, out):
-    va, vb = _vload(a, 0), _vload(b, 0)
-    _vstore(out, 0, _vmin(va, vb))
-    _vstore(out, LANES, _vmax(va, vb))
-    return _vgt(va, vb)
+def _intervals_gt(ts, tn, tf, eps, out):
+    vts, vtn, vtf, veps = _vload(ts, 0), _vload(tn, 0), _vload(tf, 0), _vload(eps, 0)
+    _vstore(out, 0, _vnear_tf(vts, vtn, vtf, veps))
+    _vstore(out, LANES, _vfar_tn(vts, vtn, vtf, veps))
+    return _vgt(vts, vtn)
 
 
-def test_vmin_vmax_keep_b_where_a_is_nan_and_vgt_gives_bits():
-    # the GPU's fminf(ts, tf) / fmaxf(ts, tn) where only ts (a) may be NaN
-    a = np.array([1, 5, np.nan, -2, 0, 3, np.inf, -np.inf], np.float32)
-    b = np.array([2, 4, 7, -2, -0.0, 3, 1, 1], np.float32)
+def test_child_intervals_follow_the_gpu_rule_and_vgt_gives_bits():
+    # lanes visiting both children (ts within [tn - eps, tf + eps]): the near
+    # child ends at fminf(ts, tf), the far one starts at fmaxf(ts, tn); a NaN ts
+    # keeps tn and tf (the GPU's fminf / fmaxf); other lanes keep theirs
+    ts = np.array([0.5, 3.0, np.nan, -1.0, 2.05, -0.05, 1.0, 0.0], np.float32)
+    tn = np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 1.0, -0.0], np.float32)
+    tf = np.full(LANES, 2.0, np.float32)
+    eps = np.full(LANES, 0.1, np.float32)
     out = np.empty(2 * LANES, np.float32)
-    gt = _min_max_gt(a, b, out)
-    assert np.array_equal(out[:LANES], np.where(a < b, a, b))
-    assert np.array_equal(out[LANES:], np.where(a > b, a, b))
-    assert gt == sum(1 << k for k in range(LANES) if a[k] > b[k])
+    gt = _intervals_gt(ts, tn, tf, eps, out)
+    with np.errstate(invalid="ignore"):
+        both = ~(ts > tf + eps) & ~(ts < tn - eps)
+        assert both.tolist() == [True, False, True, False, True, True, True, True]
+        assert np.array_equal(out[:LANES], np.where(both & (ts < tf), ts, tf))
+        assert np.array_equal(out[LANES:], np.where(both & (ts > tn), ts, tn))
+        assert gt == sum(1 << k for k in range(LANES) if ts[k] > tn[k])
+    # the lanes by hand: 0.5 splits [0, 2]; 2.05 is within eps of tf, -0.05 of tn
+    assert np.array_equal(out[:6], np.float32([0.5, 2.0, 2.0, 2.0, 2.0, -0.05]))
+    assert np.array_equal(out[LANES:LANES + 6], np.float32([0.5, 0.0, 0.0, 0.0, 2.05, 0.0]))
