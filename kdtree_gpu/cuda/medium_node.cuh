@@ -41,7 +41,7 @@ struct KdMediumShared {
     int num_events[3];
     KdSmallSplit warp_best[KD_MEDIUM_BLOCK / 32];
     int warp_count[2][KD_MEDIUM_BLOCK / 32];
-    unsigned long long slots[6];  // what the node's atomics gave, for every thread
+    unsigned long long slots[5];  // what the node's five atomics gave, for every thread
 };
 
 // An event's opens (STARTs and PLANARs) | closes (ENDs and PLANARs) << 32.
