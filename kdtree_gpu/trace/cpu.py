@@ -266,31 +266,27 @@ def _trace_packets(nodes, splits, tris, tri_ids, box, scale, origins, directions
                 go_second = act & ~near_only
                 # where both children are visited, the pushed far child starts
                 # at fmaxf(ts, tn) and the near one ends at fminf(ts, tf), as
-                # on the GPU (a NaN ts keeps tn and tf)
-                if branch_free:
-                    # the far child's entry is always written, and kept (sp
-                    # moves) only when both children are visited
-                    push = np.int64(go_first != 0 and go_second != 0)
+                # on the GPU (a NaN ts keeps tn and tf). Without selects, the
+                # far child's entry is written only when it is pushed; with
+                # them, always, and kept (sp moves) only when it is pushed
+                push = go_first != 0 and go_second != 0
+                if branch_free or push:
                     _vstore(st_tn, P * sp, _vfar_tn(ts, tn, tf, v_eps))
                     _vstore(st_tf, P * sp, tf)
                     _vstore(st_ts, P * sp, ts_second)
                     st_node[np.uint32(sp)] = second
                     st_bits[np.uint32(sp)] = go_second
                     st_word[np.uint32(sp)] = w_second
-                    sp += push
+                if branch_free:
+                    sp += np.int64(push)
+                    # (a lane going one way only is not in both: its tf stays)
                     tf = _vnear_tf(ts, tn, tf, v_eps)
                     take = go_first != 0
                     node = first if take else second
                     act = go_first if take else go_second
                     word = w_first if take else w_second
                     ts = _vsel(-np.int64(take), ts_first, ts_second)
-                elif go_first != 0 and go_second != 0:
-                    _vstore(st_tn, P * sp, _vfar_tn(ts, tn, tf, v_eps))
-                    _vstore(st_tf, P * sp, tf)
-                    _vstore(st_ts, P * sp, ts_second)
-                    st_node[np.uint32(sp)] = second
-                    st_bits[np.uint32(sp)] = go_second
-                    st_word[np.uint32(sp)] = w_second
+                elif push:
                     sp += 1
                     tf = _vnear_tf(ts, tn, tf, v_eps)
                     node, act, word, ts = first, go_first, w_first, ts_first
