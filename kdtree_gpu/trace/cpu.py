@@ -48,8 +48,8 @@ How the CPU runs it
   step writes the far child's stack entry and moves the stack pointer only
   when both children are visited, and picks the next node with selects.
   Camera rays keep the branches, which predict well there. 1M diffuse rays,
-  2 cores: the traversal 1.28x faster on the bunny, 1.12x on conference;
-  camera rays within a few percent (``benchmarks/results/cpu_rays.md``).
+  2 cores: the traversal 1.20-1.28x faster on the bunny, 1.10-1.12x on
+  conference; camera rays within the noise (``benchmarks/results/cpu_rays.md``).
 * Incoherent rays are first put in an order where neighbours start close
   together and point alike (:mod:`kdtree_gpu.trace.ray_order`); rays that
   come coherent keep their order. The sorted rays are traced from copies
