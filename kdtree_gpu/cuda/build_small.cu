@@ -57,7 +57,7 @@ __device__ __forceinline__ void kd_small_wide_node(const KdSmallLevel& L, const 
             bhi[q][k] = tri[q] >= 0 ? L.tri_hi[3 * tri[q] + k] : 0.0f;
         }
     }
-    KdSmallSplit best = {0.0, 3, 0.0f, KD_SIDE_LEFT};
+    KdSmallSplit best = kd_small_no_split();
     if (rec.depth < cfg.max_depth && r > cfg.leaf_size)
         best = kd_small_best_split(tri, blo, bhi, r, rec.lo, rec.hi, cfg);
     const bool split = best.axis < 3 && best.cost < __dmul_rn(cfg.k_intersect, (double)r);
@@ -145,7 +145,7 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
     int tri[KD_SMALL_TINY_REFS];
 #pragma unroll
     for (int q = 0; q < KD_SMALL_TINY_REFS; ++q) tri[q] = q < r ? L.in_refs[rec.start + q] : -1;
-    KdSmallSplit best = {0.0, 3, 0.0f, KD_SIDE_LEFT};
+    KdSmallSplit best = kd_small_no_split();
     if (live && rec.depth < cfg.max_depth && r > cfg.leaf_size)
         best = kd_tiny_best_split(tri, L.tri_lo, L.tri_hi, r, rec.lo, rec.hi, cfg);
     const bool split = live && best.axis < 3 && best.cost < __dmul_rn(cfg.k_intersect, (double)r);
@@ -320,7 +320,7 @@ extern "C" __global__ void kd_medium_records(const int* __restrict__ deferred, l
     const long long i = kd_tid();
     if (i >= num) return;
     const int* rec = deferred + i * KD_SMALL_RECORD;
-    if ((int)((unsigned)rec[1] >> KD_SMALL_COUNT_SHIFT) <= KD_SMALL_MAX_REFS) return;
+    if (kd_small_record_count(rec) <= KD_SMALL_MAX_REFS) return;
     const unsigned long long at =
         atomicAdd(counters + KD_SMALL_COUNTERS + KD_SMALL_LEVEL_MEDIUM, 1ull);
     for (int k = 0; k < KD_SMALL_RECORD; ++k) medium[at * KD_MEDIUM_RECORD + k] = rec[k];

@@ -231,7 +231,7 @@ __device__ __forceinline__ void kd_medium_node(const KdSmallLevel& L, const int*
         if (threadIdx.x == 0) sh.num_events[axis] = n;
     }
     __syncthreads();
-    KdSmallSplit best = {0.0, 3, 0.0f, KD_SIDE_LEFT};
+    KdSmallSplit best = kd_small_no_split();
     if (rec.depth < cfg.max_depth && r > cfg.leaf_size)
         best = kd_medium_best_split(sh, r, rec.lo, rec.hi, cfg);
     const bool split = best.axis < 3 && best.cost < __dmul_rn(cfg.k_intersect, (double)r);

@@ -1,6 +1,7 @@
 // A deferred node's record (KD_SMALL_RECORD int32; encoding.SMALL_RECORD): tree
-// node, depth and count of its references in one word (count <= 64 in the
-// high bits), start of its references, box. Written by the level loop when it
+// node, depth and count of its references in one word (the count, up to
+// KD_MEDIUM_MAX_REFS, in the bits from KD_SMALL_COUNT_SHIFT), start of its
+// references, box. Written by the level loop when it
 // defers a node (build_loop.cu) and by the small-node levels for the children
 // they keep deferring (build_small.cu), which read it. Nine words, not ten:
 // the subtree stage holds two buffers of records (80 bytes per deferred
@@ -24,12 +25,18 @@ __device__ __forceinline__ void kd_small_write_record(int* rec, int node, int de
     }
 }
 
+// The count of a record's references (without reading the rest).
+__device__ __forceinline__ int kd_small_record_count(const int* rec)
+{
+    return (int)((unsigned)rec[1] >> KD_SMALL_COUNT_SHIFT);
+}
+
 __device__ __forceinline__ KdSmallRecord kd_small_read_record(const int* rec)
 {
     KdSmallRecord r;
     r.node = rec[0];
     r.depth = rec[1] & ((1 << KD_SMALL_COUNT_SHIFT) - 1);
-    r.count = (int)((unsigned)rec[1] >> KD_SMALL_COUNT_SHIFT);
+    r.count = kd_small_record_count(rec);
     r.start = rec[2];
     for (int k = 0; k < 3; ++k) {
         r.lo[k] = __int_as_float(rec[3 + k]);

@@ -95,7 +95,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     medium = None
     if settings.small_refs > enc.SMALL_MAX_REFS:
         medium = get_function(_SOURCE, "kd_build_medium_level")
-        most_medium = state.deferred_refs // (enc.SMALL_MAX_REFS + 1) + 1
+        most_medium = medium_rows(state.deferred_refs)
         medium_blocks = min(most_medium, MEDIUM_BLOCKS_PER_SM * sms)
     levels = max_depth + 1  # every depth a deferred node's descendant can have
     row = enc.SMALL_LEVEL_ROW
@@ -273,6 +273,12 @@ def room_under_peak(workspace, out, state, caps, events_bytes=0) -> int:
     return max(0, min(most, spare // _NODE_BYTES))
 
 
+def medium_rows(refs: int) -> int:
+    """Medium records that ``refs`` references can make at most (each holds
+    more than ``SMALL_MAX_REFS``), plus one."""
+    return int(refs) // (enc.SMALL_MAX_REFS + 1) + 1
+
+
 def _stage_buffers(cp, cap_recs, cap_refs, cap_events=1):
     """Records, reference lists and medium nodes' events of subtree levels, in one
     block of the workspace pool (one device allocation; the leaf packing's
@@ -286,12 +292,12 @@ def _stage_buffers(cp, cap_recs, cap_refs, cap_events=1):
     -------
     records : (..., cap_recs, SMALL_RECORD) int32
     refs : (..., cap_refs) int32
-    mediums : (..., cap_refs // (SMALL_MAX_REFS + 1) + 1, MEDIUM_RECORD) int32
+    mediums : (..., medium_rows(cap_refs), MEDIUM_RECORD) int32
     events : (..., cap_events) uint16
     """
     recs, refs, events = (tuple(c) if isinstance(c, tuple) else (c,)
                           for c in (cap_recs, cap_refs, cap_events))
-    mediums = refs[:-1] + (refs[-1] // (enc.SMALL_MAX_REFS + 1) + 1,)
+    mediums = refs[:-1] + (medium_rows(refs[-1]),)
     with pooled():
         return tuple(arrays_in_one_block(cp, [((*recs, enc.SMALL_RECORD), np.int32),
                                               (refs, np.int32),
