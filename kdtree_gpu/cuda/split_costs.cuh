@@ -74,6 +74,19 @@ struct KdEventSegment {
     {
         return seg ? seg[e] : of(e, ref_node[event_ref[e]]);
     }
+    // event e's segment, node and axis (derived, with no 64-bit division)
+    __device__ __forceinline__ int of(long long e, int& node, int& ax) const
+    {
+        if (seg) {
+            const int s = seg[e];
+            node = (int)(s % num_nodes);
+            ax = (int)(s / num_nodes);
+            return s;
+        }
+        node = ref_node[event_ref[e]];
+        ax = axis(e);
+        return (int)(ax * num_nodes + node);
+    }
 };
 
 // The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
@@ -133,14 +146,12 @@ struct KdCostArgs {
 };
 
 // Event e's plane cost (+inf where e is no candidate) and side, e live and in
-// segment seg.
+// segment seg = axis * num_nodes + node.
 __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long long e, int seg,
-                                                      signed char* side_out)
+                                                      int node, int axis, signed char* side_out)
 {
     double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     signed char side = KD_SIDE_LEFT;
-    int node = (int)(seg % a.num_nodes);
-    int axis = (int)(seg / a.num_nodes);
     float p = a.event_pos[e];
     float lo_k = a.node_lo[3 * node + axis];
     float hi_k = a.node_hi[3 * node + axis];
@@ -226,11 +237,12 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform, and no rows)
     const long long e = w0 + lane;
     const bool live = e < a.num_events;
-    const int seg = live ? a.event_seg(e) : -1;
+    int node = 0, axis = 0;
+    const int seg = live ? a.event_seg.of(e, node, axis) : -1;
     signed char side = KD_SIDE_LEFT;
     double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     if (live) {
-        cost = kd_event_plane_cost(a, e, seg, &side);
+        cost = kd_event_plane_cost(a, e, seg, node, axis, &side);
         if (a.event_cost.hi) a.event_cost.store(e, cost);
         if (a.event_side) a.event_side[e] = side;
     }
