@@ -70,11 +70,8 @@ struct KdEventSegment {
     {
         return seg ? seg[e] : (int)(axis(e) * num_nodes + node);
     }
-    __device__ __forceinline__ int operator()(long long e) const
-    {
-        return seg ? seg[e] : of(e, ref_node[event_ref[e]]);
-    }
-    // event e's segment, node and axis (derived, with no 64-bit division)
+    // event e's segment, and its node and axis (a derived segment is made
+    // from them, so only a stored one is divided)
     __device__ __forceinline__ int of(long long e, int& node, int& ax) const
     {
         if (seg) {
