@@ -139,9 +139,9 @@ STAGE_BYTES = {
     "compute_split_costs: scan: tiles": (0, 1 + 8),
     "compute_split_costs: costs": (0, 4 + 8 + 8 + 1),
     "classify_triangles": (4 + 4 + 8 + 1, 0),
-    "route: event scan: tile sums": (0, 4 + 1),
-    "route: event scan: tiles": (0, 4 + 1 + 8),
-    "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 8 + 2 * 13),
+    # (the events' scan is made again by the scatter, stored for no event)
+    "route: event scan: tile sums": (0, 4 + 1 + 4),
+    "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 2 * 13),
 }
 
 

@@ -231,20 +231,32 @@ struct KdRouteArgs {
     long long* child_event_count;  // (6n + 1), zeroed
 };
 
-__device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t)
+// Item t's child counts from the scan at the start of group h, scan_at(h);
+// returns the scan at its own start (-1 for a node that does not split).
+template <typename ScanAt>
+__device__ __forceinline__ long long kd_child_count(const KdRouteArgs& a, long long t,
+                                                    ScanAt scan_at)
 {
     bool refs = t < a.num_nodes;
     long long g = refs ? t : t - a.num_nodes;
-    const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
-    const KdPackedScan& lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
     long long* child_count = refs ? a.child_ref_count : a.child_event_count;
     long long node = g % a.num_nodes;
-    if (!a.node_split[node]) return;
+    if (!a.node_split[node]) return -1;
     long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
     long long c = kd_child_group(g, a.num_nodes, a.split_leaf_ex, num_split);
-    long long start = lr_ex[group_offset[g]], end = lr_ex[group_offset[g + 1]];
+    long long start = scan_at(g), end = scan_at(g + 1);
     child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
     child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
+    return start;
+}
+
+// ... with the stored scans of both kinds
+__device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t)
+{
+    bool refs = t < a.num_nodes;
+    const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
+    const KdPackedScan& lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
+    kd_child_count(a, t, [&](long long h) { return lr_ex[group_offset[h]]; });
 }
 
 // The sizes the host needs for the next level, gathered for one read:
@@ -365,57 +377,127 @@ __device__ __forceinline__ long long kd_kept_event_place(const KdScatterArgs& a,
     return dst;
 }
 
-__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+__device__ __forceinline__ void kd_scatter_ref(const KdScatterArgs& a, long long i)
 {
-    if (i < a.num_refs) {
-        int node = a.ref_node[i];
-        int tri = a.ref_tri[i];
-        unsigned char cls = a.ref_class[i];
-        if (cls == 0) {
-            long long sl = a.split_leaf_ex[node];
-            a.leaf_tris[a.leaf_ref_base + KD_HIGH(sl) + (i - a.node_ref_offset[node])] = tri;
-        } else {
-            long long dl, dr;
-            kd_ref_destinations(i, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
-                                a.child_ref_offset, &dl, &dr);
-            int child = (int)(2 * KD_LOW(a.split_leaf_ex[node]));
-            if (cls & KD_CLASS_LEFT) {
-                a.child_tri[dl] = tri;
-                a.child_node[dl] = child;
-            }
-            if (cls & KD_CLASS_RIGHT) {
-                a.child_tri[dr] = tri;
-                a.child_node[dr] = child + 1;
-            }
-        }
-    }
-    if (i < a.num_events) {
-        int ref = a.event_ref[i];
-        unsigned char cls = a.ref_class[ref];
-        if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
-        int node = a.ref_node[ref];
-        long long rl, rr;
-        kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
-                            a.child_ref_offset, &rl, &rr);
-        int seg = a.event_seg.of(i, node);
-        long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
-        long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
-        long long lr_e = a.event_lr_ex[i], lr_s = a.event_lr_ex[a.seg_event_offset[seg]];
-        float pos = a.event_pos[i];
-        signed char kind = a.event_kind[i];
+    int node = a.ref_node[i];
+    int tri = a.ref_tri[i];
+    unsigned char cls = a.ref_class[i];
+    if (cls == 0) {
+        long long sl = a.split_leaf_ex[node];
+        a.leaf_tris[a.leaf_ref_base + KD_HIGH(sl) + (i - a.node_ref_offset[node])] = tri;
+    } else {
+        long long dl, dr;
+        kd_ref_destinations(i, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                            a.child_ref_offset, &dl, &dr);
+        int child = (int)(2 * KD_LOW(a.split_leaf_ex[node]));
         if (cls & KD_CLASS_LEFT) {
-            long long dst = kd_kept_event_place(a, child_seg, KD_LOW(lr_e) - KD_LOW(lr_s));
-            a.out_pos[dst] = pos;
-            a.out_kind[dst] = kind;
-            a.out_ref[dst] = (int)rl;
-            if (a.out_seg) a.out_seg[dst] = (int)child_seg;
+            a.child_tri[dl] = tri;
+            a.child_node[dl] = child;
         }
         if (cls & KD_CLASS_RIGHT) {
-            long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
-            a.out_pos[dst] = pos;
-            a.out_kind[dst] = kind;
-            a.out_ref[dst] = (int)rr;
-            if (a.out_seg) a.out_seg[dst] = (int)(child_seg + 1);
+            a.child_tri[dr] = tri;
+            a.child_node[dr] = child + 1;
         }
     }
+}
+
+// Event i, of reference ref, into its child segments. Its packed (left,
+// right) scan value comes from lr_of() and its segment's from seg_start(seg),
+// asked only for an event that moves: a stored scan, or one made as the
+// event's chunk is scanned again (kd_scatter_chunks).
+template <typename EventScan, typename SegStart>
+__device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long long i, int ref,
+                                                 EventScan lr_of, SegStart seg_start)
+{
+    unsigned char cls = a.ref_class[ref];
+    if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
+    int node = a.ref_node[ref];
+    long long rl, rr;
+    kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+                        a.child_ref_offset, &rl, &rr);
+    int seg = a.event_seg.of(i, node);
+    long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+    long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
+    long long lr_e = lr_of(), lr_s = seg_start(seg);
+    float pos = a.event_pos[i];
+    signed char kind = a.event_kind[i];
+    if (cls & KD_CLASS_LEFT) {
+        long long dst = kd_kept_event_place(a, child_seg, KD_LOW(lr_e) - KD_LOW(lr_s));
+        a.out_pos[dst] = pos;
+        a.out_kind[dst] = kind;
+        a.out_ref[dst] = (int)rl;
+        if (a.out_seg) a.out_seg[dst] = (int)child_seg;
+    }
+    if (cls & KD_CLASS_RIGHT) {
+        long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
+        a.out_pos[dst] = pos;
+        a.out_kind[dst] = kind;
+        a.out_ref[dst] = (int)rr;
+        if (a.out_seg) a.out_seg[dst] = (int)(child_seg + 1);
+    }
+}
+
+__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+{
+    if (i < a.num_refs) kd_scatter_ref(a, i);
+    if (i < a.num_events)
+        kd_scatter_event(a, i, a.event_ref[i], [&]() { return a.event_lr_ex[i]; },
+                         [&](int seg) { return a.event_lr_ex[a.seg_event_offset[seg]]; });
+}
+
+// --- route_events and split_events of the stages' large levels -------------------
+// The events' packed (left, right) flags are scanned twice and stored never:
+// kd_event_lr_heads keeps each tile's sum, the scan before each chunk of
+// KD_SCAN_BLOCK events within its tile, and the scan before each segment's
+// first event within its tile; the scatter (kd_scatter_chunks) scans its
+// chunk again and adds the prefixes. A tile's counts fit 16 bits
+// (KD_SCAN_TILE < 2**16): kd_lr16 words. (Before, a third pass stored every
+// event's scan, 8 bytes, which the scatter read back with a gather at its
+// segment's start.)
+
+// One tile of KD_SCAN_TILE events from `tile`, warp-striped as kd_scan_tile
+// (lane l of warp w holds the items base + 32 j, base = tile + 32 w
+// KD_SCAN_ITEMS + l, so that a warp's loads are consecutive): visit(i, ref,
+// local) for each item i < end, with its event's reference (-1 for i >=
+// num_events) and the tile's exclusive scan before it (kd_lr16). Every
+// thread of the block calls it. Returns the tile's sum (kd_lr16).
+static_assert(KD_SCAN_TILE <= KD_SCAN_CHUNK_MAX, "a tile's counts must fit 16 bits");
+static_assert(KD_SCAN_TILE % KD_SCAN_BLOCK == 0, "a tile holds whole chunks");
+
+template <typename Visit>
+__device__ __forceinline__ unsigned int kd_event_lr_tile(const int* event_ref,
+                                                         const unsigned char* ref_class,
+                                                         int clip, long long tile,
+                                                         long long num_events, long long end,
+                                                         Visit visit)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
+    int ref[KD_SCAN_ITEMS];
+    unsigned int v[KD_SCAN_ITEMS];
+    unsigned int sum = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        const long long i = base + 32 * j;
+        ref[j] = i < num_events ? event_ref[i] : -1;
+        v[j] = ref[j] >= 0 ? kd_lr16(kd_event_lr(ref_class[ref[j]], clip)) : 0u;
+        sum += v[j];
+    }
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
+    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
+    long long total;
+    unsigned int carry =
+        (unsigned int)kd_block_exclusive_scan(lane == 0 ? (long long)sum : 0, &total);
+    carry = __shfl_sync(full, carry, 0);
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        unsigned int x = v[j];
+        for (int o = 1; o < 32; o <<= 1) {
+            const unsigned int y = __shfl_up_sync(full, x, o);
+            if (lane >= o) x += y;
+        }
+        const long long i = base + 32 * j;
+        if (i < end) visit(i, ref[j], carry + x - v[j]);
+        carry += __shfl_sync(full, x, 31);
+    }
+    return (unsigned int)total;
 }

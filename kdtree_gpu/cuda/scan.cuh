@@ -93,6 +93,19 @@ __device__ __forceinline__ T kd_warp_scan_rounds(const T (&v)[KD_SCAN_ITEMS], lo
     return carry;
 }
 
+// Packed (low, high << 32) counts of at most 0xffff each as one 32-bit word
+// (high << 16 | low), and back: the counts of a scan since the start of its
+// chunk or tile, where every item adds at most 1 to each count.
+__device__ __forceinline__ unsigned int kd_lr16(long long f)
+{
+    return (unsigned int)(KD_HIGH(f) << 16 | KD_LOW(f));
+}
+
+__device__ __forceinline__ long long kd_lr64(unsigned int v)
+{
+    return ((long long)(v >> 16) << 32) + (v & 0xffffu);
+}
+
 // A scan of packed (low, high << 32) counts, read as whole int64 values.
 // Stored whole (one int64 per item), or in half the bytes where every item
 // adds at most 1 to each count (the level loop's flag scans): the counts
@@ -114,8 +127,7 @@ struct KdPackedScan {
     {
         if (whole) return whole[i];
         // (the items of a chunked scan number fewer than 2**32)
-        const unsigned int v = local[i];
-        return chunk_base[(unsigned int)i / chunk] + ((long long)(v >> 16) << 32) + (v & 0xffffu);
+        return chunk_base[(unsigned int)i / chunk] + kd_lr64(local[i]);
     }
 };
 
@@ -145,7 +157,7 @@ __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long b
         for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
             const long long i = base + 32 * j;
             const long long f = i < end ? load(i) : 0;
-            v[j] = (unsigned int)(KD_HIGH(f) << 16 | KD_LOW(f));
+            v[j] = kd_lr16(f);
             sum += v[j];
         }
         for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
@@ -159,6 +171,28 @@ __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long b
         carry += (unsigned int)total;
     }
     __syncthreads();
+}
+
+// The first of the ascending values v[lo, hi) that is not below key (hi if
+// none), found by the BLOCK threads of a block together: each round tests
+// BLOCK evenly spaced values at once, so that about log(hi - lo) / log(BLOCK)
+// dependent loads replace one thread's log2(hi - lo). Every thread calls it
+// and gets the answer.
+template <int BLOCK = KD_SCAN_BLOCK>
+__device__ __forceinline__ long long kd_block_lower_bound(const long long* v, long long lo,
+                                                          long long hi, long long key)
+{
+    // the answer lies in [lo, hi]: v[hi] is not below key, or hi is the end
+    while (lo < hi) {
+        const long long step = (hi - lo + BLOCK - 1) / BLOCK;
+        const long long p = lo + threadIdx.x * step;
+        // the values below key are a prefix of the samples: count them
+        const int below = __syncthreads_count(p < hi && v[p] < key);
+        if (below == 0) return lo;
+        lo += (below - 1) * step + 1;
+        hi = min(hi, lo - 1 + step);
+    }
+    return lo;
 }
 
 // One block scans a whole array of n values.

@@ -276,7 +276,7 @@ def _scan_int64_cuda(values, out, description):
     return out
 
 
-def tile_scan(cp, n: int, sums, tiles, description: str) -> None:
+def tile_scan(cp, n: int, sums, tiles, description: str):
     """The three-launch inclusive scan of ``n`` values (``cuda/scan.cuh``):
     per-tile sums, one block's scan of them into tile prefixes, then each
     tile's scan from its prefix. The first and last passes are the caller's
@@ -289,8 +289,15 @@ def tile_scan(cp, n: int, sums, tiles, description: str) -> None:
         Each pass's kernel and a function from the tile sums array
         ((tiles,) int64, made here) to its arguments; launched with a block
         of ``SCAN_BLOCK`` threads per tile of ``SCAN_TILE`` values.
+        ``tiles`` None: the caller's own kernel makes each tile's scan
+        again where it needs it.
     description : str
         The launches' name prefix in the profile.
+
+    Returns
+    -------
+    (tiles,) int64
+        Each tile's exclusive prefix.
     """
     num_tiles = (n + enc.SCAN_TILE - 1) // enc.SCAN_TILE
     tile = cp.empty(num_tiles, dtype=np.int64)
@@ -298,4 +305,6 @@ def tile_scan(cp, n: int, sums, tiles, description: str) -> None:
     launch(description + ": tile sums", sums[0], threads, sums[1](tile), block=enc.SCAN_BLOCK)
     launch(description + ": tile prefix", _scan_kernel("kd_scan_tile_prefix"), enc.SCAN_BLOCK,
            (tile, np.int64(num_tiles)), block=enc.SCAN_BLOCK)
-    launch(description + ": tiles", tiles[0], threads, tiles[1](tile), block=enc.SCAN_BLOCK)
+    if tiles is not None:
+        launch(description + ": tiles", tiles[0], threads, tiles[1](tile), block=enc.SCAN_BLOCK)
+    return tile

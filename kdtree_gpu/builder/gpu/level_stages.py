@@ -256,6 +256,31 @@ def classify_triangles_gpu(cp, refs, best, node_split, tri_lo, tri_hi, clip=Fals
     return ref_class
 
 
+@dataclasses.dataclass
+class TiledEventScan:
+    """The events' (left, right) scan of a large level, stored for no event.
+
+    ``kd_event_lr_heads`` sums each tile of ``SCAN_TILE`` events and finds
+    the scan before each warp's chunk of 32 events and before each
+    segment's first event, within their tile; the scatter
+    (``kd_scatter_chunks``) scans each chunk again. Storing the scan of every
+    event took a third pass, 8 bytes an event written and read back.
+
+    Attributes
+    ----------
+    tile_prefix : (tiles,) int64
+        The scan before each tile of the E + 1 items (the events and their end).
+    chunk_local : (chunks,) uint32
+        The scan before each chunk within its tile (16-bit counts).
+    seg_start : (3n,) int64
+        The scan at the first event of each splitting node's segments.
+    """
+
+    tile_prefix: object
+    chunk_local: object
+    seg_start: object
+
+
 def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, events, clip, small):
     """Where every copy goes: the flag scans, the child group sizes and their scans.
 
@@ -267,7 +292,8 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
     Returns
     -------
     ref_lr_ex : (R + 1,) int64
-    event_lr_ex : (E + 1,) int64
+    event_scan : (E + 1,) int64 (``small``), or TiledEventScan
+        The events' exclusive scan, for :func:`split_refs_and_events_gpu`.
     child_ref_offset : (2n + 1,) int64
     child_event_offset : (6n + 1,) int64
     totals : (4,) int64
@@ -278,8 +304,8 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
     r, e, event_ref, clip = i64(num_refs), i64(num_events), events.event_ref, np.int32(clip)
     totals = cp.empty(4, dtype=np.int64)
     ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
-    event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
     if small:
+        event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
         child_count = cp.empty(8 * n + 2, dtype=np.int64)
         child_offset = cp.empty(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
@@ -290,27 +316,36 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
                 node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
                 ref_class, r, ref_lr_ex, event_ref, clip, e, event_lr_ex,
                 child_ref_offset, child_event_offset, totals))
+        event_scan = event_lr_ex
     else:
         tile_scan(cp, num_refs + 1,
                   (_kernel("kd_ref_lr_tile_sums"), lambda tile: (ref_class, r, tile)),
                   (_kernel("kd_ref_lr_tiles"), lambda tile: (ref_class, r, tile, ref_lr_ex)),
                   "route: reference scan")
-        tile_scan(cp, num_events + 1,
-                  (_kernel("kd_event_lr_tile_sums"),
-                   lambda tile: (event_ref, ref_class, clip, e, tile)),
-                  (_kernel("kd_event_lr_tiles"),
-                   lambda tile: (event_ref, ref_class, clip, e, tile, event_lr_ex)),
-                  "route: event scan")
+        # The events' scan: the tiles' sums, and the scan before each chunk and
+        # each segment's first event within their tile; then the tiles'
+        # prefixes. The scatter scans each chunk again.
+        head_local = cp.empty(3 * n + 1, dtype=np.uint32)
+        chunk_local = cp.empty(-(-(num_events + 1) // 32), dtype=np.uint32)  # (a warp's)
+        seg_start = cp.empty(3 * n, dtype=np.int64)
+        tile_prefix = tile_scan(
+            cp, num_events + 1,
+            (_kernel("kd_event_lr_heads"),
+             lambda tile: (event_ref, ref_class, clip, nodes.seg_event_offset, i64(n), e, tile,
+                           chunk_local, head_local)),
+            None, "route: event scan")
+        event_scan = TiledEventScan(tile_prefix, chunk_local, seg_start)
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-        launch("route: child counts", _kernel("kd_child_counts"), 4 * n,
-               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
-                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count))
+        launch("route: child counts", _kernel("kd_child_counts_heads"), 4 * n,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, _NULL,
+                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
+                tile_prefix, head_local, seg_start))
         child_ref_offset, child_event_offset = inclusive_scan_pair(
             child_ref_count, child_event_count, "route: offset scans")
         launch("read_level_counts", _kernel("kd_level_totals"), 1,
                (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
-    return ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals
+    return ref_lr_ex, event_scan, child_ref_offset, child_event_offset, totals
 
 
 def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_ref_base,
@@ -334,7 +369,7 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
     return child_nodes
 
 
-def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex,
+def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan,
                               split_leaf_ex, child_ref_offset, child_event_offset,
                               num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
                               clip=False):
@@ -343,6 +378,8 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
     (with ``clip``, without the straddling references' events). The child
     events store their segments only with ``clip`` (the clipping kernels
     read them); else ``event_seg`` is ``None`` (4 bytes per event less).
+    ``event_scan`` is :func:`route_to_children_gpu`'s: with a
+    :class:`TiledEventScan`, each block scans its chunk of events again.
 
     Returns
     -------
@@ -351,9 +388,14 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
     """
     child_refs = RefSoA.allocate(cp, num_child_refs)
     child_events = EventSoA.allocate_level(cp, num_child_events, segments=clip)
-    launch("split_refs_and_events", _kernel("kd_scatter"), max(refs.size, events.size),
+    if isinstance(event_scan, TiledEventScan):
+        kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
+        scan = (event_scan.tile_prefix, event_scan.chunk_local, event_scan.seg_start)
+    else:
+        kernel, scan = _kernel("kd_scatter"), (event_scan,)
+    launch("split_refs_and_events", kernel, max(refs.size, events.size),
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
-            split_leaf_ex, child_ref_offset, *map(_or_null, events.args()), event_lr_ex,
+            split_leaf_ex, child_ref_offset, *map(_or_null, events.args()), *scan,
             nodes.seg_event_offset, child_event_offset, i64(nodes.size), i64(refs.size),
             i64(events.size), i64(leaf_ref_base), leaf_tris, *child_refs.args(),
             *map(_or_null, child_events.args()), np.int32(clip)))
@@ -462,7 +504,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     if cfg.clip:
         box_lo, box_hi = reference_boxes_gpu(cp, events, num_refs, n)
     ref_class = classify_triangles_gpu(cp, refs, best, node_split, box_lo, box_hi, cfg.clip)
-    ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
+    ref_lr_ex, event_scan, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, nodes, node_split, split_leaf_ex, ref_class, events, cfg.clip, small)
     # The level's node records and its children's boxes need no count of the read
     # below: queued before it, they keep the GPU busy while the host reads and
@@ -489,7 +531,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     child_nodes = child_nodes.prefix(2 * num_split)  # (the boxes of the split nodes' children)
     with children():
         child_refs, child_events = split_refs_and_events_gpu(
-            cp, refs, events, nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
+            cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
             child_ref_offset, child_event_offset, num_child_refs, num_child_events,
             leaf_ref_base, out.leaf, cfg.clip)
         node_ref_offset = child_ref_offset[:2 * num_split + 1]

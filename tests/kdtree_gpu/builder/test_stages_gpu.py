@@ -86,7 +86,7 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
         equal(box_hi, want["ref_hi"], f"reference_boxes, {where}: hi")
     ref_class = classify_triangles_gpu(cp, lvl.refs, best, node_split, box_lo, box_hi, cfg.clip)
     equal(ref_class, want["ref_class"], f"classify_triangles, {where}")
-    ref_lr_ex, event_lr_ex, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
+    ref_lr_ex, event_scan, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, lvl.nodes, node_split, split_leaf_ex, ref_class, lvl.events, cfg.clip, small)
     counts = [want[k] for k in ("num_split", "num_child_refs", "num_child_events",
                                 "num_leaf_refs")]
@@ -106,7 +106,7 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
                                    out.nodes.args(), want["level_arrays"][:4]):
         equal(got[lvl.level_base:lvl.level_base + n], expected, f"emit_level, {where}: {name}")
     child_refs, child_events = split_refs_and_events_gpu(
-        cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_lr_ex, split_leaf_ex,
+        cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
         child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf,
         cfg.clip)
     seg_event_offset = child_event_offset[:6 * num_split + 1]
