@@ -134,7 +134,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     """
     # The mesh is part of the result: the caller's allocator, as the tree.
     V_d, F_d = cp.asarray(V), cp.asarray(F)
-    workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace)
+    workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace,
+                          budget=settings.workspace_budget * int(F_d.shape[0]))
     with workspace:
         # (which loop kernel runs is chosen from the root's events, below: a
         # first build compiles only the module it runs)

@@ -86,7 +86,7 @@ def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_pe
     from kdtree_gpu.builder.gpu.workspace import Workspace
 
     pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
-    ws = SimpleNamespace(pools=pools, keep=keep, high_water=300)
+    ws = SimpleNamespace(pools=pools, keep=keep, high_water=300, budget=0)
     ws.footprint = lambda: sum(p.total_bytes() for p in pools)
     # 180 held (70 of them cached): below the mark, nothing goes back
     Workspace.before_device_allocation(ws)
@@ -103,6 +103,23 @@ def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_pe
     Workspace.before_device_allocation(ws)
     assert ws.high_water == ws.footprint()
     assert pools[0].trims == (0 if keep else 1)
+
+
+def test_cached_blocks_stay_while_the_footprint_is_within_the_budget():
+    from types import SimpleNamespace
+
+    from kdtree_gpu.builder.gpu.workspace import Workspace
+
+    pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
+    ws = SimpleNamespace(pools=pools, keep=False, high_water=100, budget=400)
+    ws.footprint = lambda: sum(p.total_bytes() for p in pools)
+    # 180 held: past the mark, within the budget: kept, and the mark follows
+    Workspace.before_device_allocation(ws)
+    assert [p.trims for p in pools] == [0, 0, 0] and ws.high_water == 180
+    # past both: the cached blocks go back first
+    pools[1].used += 300
+    Workspace.before_device_allocation(ws)
+    assert [p.trims for p in pools] == [1, 1, 1] and ws.high_water == 410
 
 
 @gpu
