@@ -174,8 +174,9 @@ class GpuSettings:
         high-water mark). Below it the pools keep what a level freed for
         the next levels. 0: give them back at every new mark, the least
         memory; on an H100, armadillo subdivided twice then made 293 device
-        allocations and 46 trims a build (56 ms of host time) for a peak of
-        211 bytes per triangle.
+        allocations and 46 trims a build (51-76 ms of host time) for a peak
+        of 211 bytes per triangle, against 87-94 ms and 263 bytes per
+        triangle with 256 (benchmarks/results/route_scan_h100.md).
     loop_blocks : int
         Blocks of the level-loop kernel's cooperative grid; 0 (the default):
         from the start level's events
