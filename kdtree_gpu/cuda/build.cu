@@ -322,17 +322,19 @@ extern "C" __global__ void kd_defer_records(const signed char* __restrict__ best
                            &counters[0], &counters[1]);
 }
 
-// The parameters of kd_scatter and kd_scatter_chunks, but for the events' scan
-// (the macro's arguments: its parameters), and the KdScatterArgs they make (SCAN_ARG: its member).
-#define KD_SCATTER_PARAMS(...)                                                              \
+// The parameters of kd_scatter and kd_scatter_chunks before and after the
+// events' scan (each kernel's own), and the KdScatterArgs they make
+// (SCAN_ARG: its scan member).
+#define KD_SCATTER_HEAD_PARAMS                                                              \
     const int *__restrict__ ref_tri, const int *__restrict__ ref_node,                      \
         const unsigned char *__restrict__ ref_class, const long long *__restrict__ ref_lr_ex, \
         const long long *__restrict__ node_ref_offset,                                      \
         const long long *__restrict__ split_leaf_ex,                                        \
         const long long *__restrict__ child_ref_offset, const float *__restrict__ event_pos, \
         const signed char *__restrict__ event_kind, const int *__restrict__ event_ref,      \
-        const int *__restrict__ event_seg, __VA_ARGS__,                                     \
-        const long long *__restrict__ seg_event_offset,                                     \
+        const int *__restrict__ event_seg
+#define KD_SCATTER_TAIL_PARAMS                                                              \
+    const long long *__restrict__ seg_event_offset,                                         \
         const long long *__restrict__ child_event_offset, long long num_nodes,              \
         long long num_refs, long long num_events, long long leaf_ref_base,                  \
         int *__restrict__ leaf_tris, int *__restrict__ child_tri, int *__restrict__ child_node, \
@@ -346,8 +348,9 @@ extern "C" __global__ void kd_defer_records(const signed char* __restrict__ best
      num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,                 \
      out_kind, out_ref, out_seg, clip}
 
-extern "C" __global__ void kd_scatter(
-    KD_SCATTER_PARAMS(const long long* __restrict__ event_lr_ex))
+extern "C" __global__ void kd_scatter(KD_SCATTER_HEAD_PARAMS,
+                                      const long long* __restrict__ event_lr_ex,
+                                      KD_SCATTER_TAIL_PARAMS)
 {
     KdScatterArgs a = KD_SCATTER_ARGS(event_lr_ex);
     kd_scatter_item(a, kd_tid());
@@ -362,10 +365,11 @@ extern "C" __global__ void kd_scatter(
 // whole tile a block, eight events a thread, moved each thread's events one
 // after another: 9% slower than kd_scatter with the scan stored, H100, 5.5M
 // triangles; a block scan of chunks of a block's events, 7%.)
-extern "C" __global__ void kd_scatter_chunks(
-    KD_SCATTER_PARAMS(const long long* __restrict__ event_tile_prefix,
-                      const unsigned int* __restrict__ chunk_local,
-                      const long long* __restrict__ seg_start))
+extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
+                                             const long long* __restrict__ event_tile_prefix,
+                                             const unsigned int* __restrict__ chunk_local,
+                                             const long long* __restrict__ seg_start,
+                                             KD_SCATTER_TAIL_PARAMS)
 {
     KdScatterArgs a = KD_SCATTER_ARGS(KdPackedScan());
     const long long i = kd_tid();

@@ -447,10 +447,10 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
 
 // --- route_events and split_events of the stages' large levels -------------------
 // The events' packed (left, right) flags are scanned twice and stored never:
-// kd_event_lr_heads keeps each tile's sum, the scan before each chunk of
-// KD_SCAN_BLOCK events within its tile, and the scan before each segment's
-// first event within its tile; the scatter (kd_scatter_chunks) scans its
-// chunk again and adds the prefixes. A tile's counts fit 16 bits
+// kd_event_lr_heads keeps each tile's sum, the scan before each warp's chunk
+// of 32 events within its tile, and the scan before each segment's first
+// event within its tile; the scatter (kd_scatter_chunks) scans each chunk
+// again and adds the prefixes. A tile's counts fit 16 bits
 // (KD_SCAN_TILE < 2**16): kd_lr16 words. (Before, a third pass stored every
 // event's scan, 8 bytes, which the scatter read back with a gather at its
 // segment's start.)
@@ -462,7 +462,7 @@ __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long lon
 // num_events) and the tile's exclusive scan before it (kd_lr16). Every
 // thread of the block calls it. Returns the tile's sum (kd_lr16).
 static_assert(KD_SCAN_TILE <= KD_SCAN_CHUNK_MAX, "a tile's counts must fit 16 bits");
-static_assert(KD_SCAN_TILE % KD_SCAN_BLOCK == 0, "a tile holds whole chunks");
+static_assert(KD_SCAN_TILE % 32 == 0, "a tile holds whole chunks of 32 events");
 
 template <typename Visit>
 __device__ __forceinline__ unsigned int kd_event_lr_tile(const int* event_ref,
