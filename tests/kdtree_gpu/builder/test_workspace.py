@@ -56,6 +56,13 @@ def test_workspace_block_setting_is_checked(bad):
         GpuSettings(workspace_block=bad)
 
 
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "256"])
+def test_workspace_budget_setting_is_checked(bad):
+    with pytest.raises(ValueError, match="workspace_budget"):
+        GpuSettings(workspace_budget=bad)
+    assert GpuSettings(workspace_budget=0).workspace_budget == 0  # (0: trim at every new mark)
+
+
 @pytest.mark.parametrize("bad", [1, 0, "yes", None])
 def test_keep_workspace_setting_is_checked(bad):
     with pytest.raises(ValueError, match="keep_workspace"):
@@ -79,15 +86,22 @@ class _FakePool:
         self.cached = 0
 
 
-@pytest.mark.parametrize("keep", [False, True])
-def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_peak(keep):
+def _fake_workspace(**fields):
+    """The fields ``Workspace.before_device_allocation`` reads, over three fake pools
+    (180 bytes held, 70 of them cached)."""
     from types import SimpleNamespace
 
+    pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
+    ws = SimpleNamespace(pools=pools, **fields)
+    ws.footprint = lambda: sum(p.total_bytes() for p in pools)
+    return ws, pools
+
+
+@pytest.mark.parametrize("keep", [False, True])
+def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_peak(keep):
     from kdtree_gpu.builder.gpu.workspace import Workspace
 
-    pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
-    ws = SimpleNamespace(pools=pools, keep=keep, high_water=300, budget=0)
-    ws.footprint = lambda: sum(p.total_bytes() for p in pools)
+    ws, pools = _fake_workspace(keep=keep, high_water=300, budget=0)
     # 180 held (70 of them cached): below the mark, nothing goes back
     Workspace.before_device_allocation(ws)
     assert [p.trims for p in pools] == [0, 0, 0] and ws.high_water == 300
@@ -106,13 +120,9 @@ def test_cached_blocks_go_back_only_before_an_allocation_that_would_raise_the_pe
 
 
 def test_cached_blocks_stay_while_the_footprint_is_within_the_budget():
-    from types import SimpleNamespace
-
     from kdtree_gpu.builder.gpu.workspace import Workspace
 
-    pools = (_FakePool(100, 50), _FakePool(10, 0), _FakePool(0, 20))
-    ws = SimpleNamespace(pools=pools, keep=False, high_water=100, budget=400)
-    ws.footprint = lambda: sum(p.total_bytes() for p in pools)
+    ws, pools = _fake_workspace(keep=False, high_water=100, budget=400)
     # 180 held: past the mark, within the budget: kept, and the mark follows
     Workspace.before_device_allocation(ws)
     assert [p.trims for p in pools] == [0, 0, 0] and ws.high_water == 180
