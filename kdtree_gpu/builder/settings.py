@@ -173,10 +173,10 @@ class GpuSettings:
         above it, they go back wherever the footprint would pass its
         high-water mark). Below it the pools keep what a level freed for
         the next levels. 0: give them back at every new mark, the least
-        memory; on an H100, armadillo subdivided twice then made 293 device
-        allocations and 46 trims a build (51-76 ms of host time) for a peak
-        of 211 bytes per triangle, against 87-94 ms and 263 bytes per
-        triangle with 256 (benchmarks/results/route_scan_h100.md).
+        memory. On an H100, armadillo subdivided twice with 0 made 293
+        device allocations and 46 trims a build: warm builds of 117 ms and a
+        peak of 211 bytes per triangle. With 256: 87-94 ms and 263 bytes
+        per triangle (benchmarks/results/route_scan_h100.md).
     loop_blocks : int
         Blocks of the level-loop kernel's cooperative grid; 0 (the default):
         from the start level's events

@@ -379,7 +379,7 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
     events store their segments only with ``clip`` (the clipping kernels
     read them); else ``event_seg`` is ``None`` (4 bytes per event less).
     ``event_scan`` is :func:`route_to_children_gpu`'s: with a
-    :class:`TiledEventScan`, each block scans its chunk of events again.
+    :class:`TiledEventScan`, each warp scans its 32 events again.
 
     Returns
     -------
