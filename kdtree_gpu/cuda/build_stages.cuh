@@ -471,7 +471,6 @@ __device__ __forceinline__ unsigned int kd_event_lr_tile(const int* event_ref,
                                                          long long num_events, long long end,
                                                          Visit visit)
 {
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     int ref[KD_SCAN_ITEMS];
@@ -483,21 +482,10 @@ __device__ __forceinline__ unsigned int kd_event_lr_tile(const int* event_ref,
         v[j] = ref[j] >= 0 ? kd_lr16(kd_event_lr(ref_class[ref[j]], clip)) : 0u;
         sum += v[j];
     }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
-    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
     long long total;
-    unsigned int carry =
-        (unsigned int)kd_block_exclusive_scan(lane == 0 ? (long long)sum : 0, &total);
-    carry = __shfl_sync(full, carry, 0);
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        unsigned int x = v[j];
-        for (int o = 1; o < 32; o <<= 1) {
-            const unsigned int y = __shfl_up_sync(full, x, o);
-            if (lane >= o) x += y;
-        }
-        const long long i = base + 32 * j;
-        if (i < end) visit(i, ref[j], carry + x - v[j]);
-        carry += __shfl_sync(full, x, 31);
-    }
+    kd_warp_scan_rounds(v, base, end, kd_block_warp_prefix(sum, &total),
+                        [&](int j, long long i, unsigned int value) {
+                            visit(i, ref[j], value - v[j]);
+                        });
     return (unsigned int)total;
 }

@@ -69,11 +69,26 @@ __device__ __forceinline__ void kd_block_scan_range(Load load, long long begin, 
                                      [out](long long i, long long value) { out[i] = value; });
 }
 
-// The rounds of a warp-striped tile scan (kd_scan_tile, kd_block_scan_flags_local):
-// lane l of a warp holds v[j], item base + 32 j (base: the warp's first item plus
-// l); each round scans 32 consecutive items across the lanes and stores carry
-// plus each one's inclusive scan with store(i, value) where i < end. Every
-// lane calls it. Returns carry plus the warp's items' sum.
+// The first step of a warp-striped tile scan (kd_scan_tile,
+// kd_block_scan_flags_local, build_stages.cuh's kd_event_lr_tile): from the
+// sum of each lane's items, the sum of the block's warps before this one, in
+// every lane; *total gets the block's sum. Every thread of the block calls it.
+template <int BLOCK = KD_SCAN_BLOCK, typename T>
+__device__ __forceinline__ T kd_block_warp_prefix(T sum, long long* total)
+{
+    const unsigned full = 0xffffffffu;
+    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
+    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
+    const T prefix =
+        (T)kd_block_exclusive_scan<BLOCK>((threadIdx.x & 31) == 0 ? (long long)sum : 0, total);
+    return __shfl_sync(full, prefix, 0);
+}
+
+// The rounds of a warp-striped tile scan: lane l of a warp holds v[j], item
+// base + 32 j (base: the warp's first item plus l); each round scans 32
+// consecutive items across the lanes and stores carry plus each one's
+// inclusive scan with store(j, i, value) where i < end. Every lane calls it.
+// Returns carry plus the warp's items' sum.
 template <typename T, typename Store>
 __device__ __forceinline__ T kd_warp_scan_rounds(const T (&v)[KD_SCAN_ITEMS], long long base,
                                                  long long end, T carry, Store store)
@@ -87,7 +102,7 @@ __device__ __forceinline__ T kd_warp_scan_rounds(const T (&v)[KD_SCAN_ITEMS], lo
             if (lane >= o) x += y;
         }
         const long long i = base + 32 * j;
-        if (i < end) store(i, carry + x);
+        if (i < end) store(j, i, carry + x);
         carry += __shfl_sync(full, x, 31);
     }
     return carry;
@@ -147,7 +162,6 @@ template <typename Load, int BLOCK>
 __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long begin,
                                                           long long end, unsigned int* local)
 {
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     unsigned int carry = 0;
     for (long long tile = begin; tile < end; tile += (long long)BLOCK * KD_SCAN_ITEMS) {
@@ -160,14 +174,10 @@ __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long b
             v[j] = kd_lr16(f);
             sum += v[j];
         }
-        for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
-        // lane 0 carries its warp's total: its exclusive scan is the warps' before it
         long long total;
-        unsigned int prefix =
-            (unsigned int)kd_block_exclusive_scan<BLOCK>(lane == 0 ? (long long)sum : 0, &total);
-        prefix = __shfl_sync(full, prefix, 0) + carry;
+        const unsigned int prefix = kd_block_warp_prefix<BLOCK>(sum, &total) + carry;
         kd_warp_scan_rounds(v, base, end, prefix,
-                            [local](long long i, unsigned int value) { local[i] = value; });
+                            [local](int, long long i, unsigned int value) { local[i] = value; });
         carry += (unsigned int)total;
     }
     __syncthreads();
@@ -263,7 +273,6 @@ __device__ __forceinline__ void kd_scan_tile(Load load, long long n,
                                              const long long* __restrict__ tile_prefix,
                                              long long* out)
 {
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     long long base = (long long)blockIdx.x * KD_SCAN_TILE
                      + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
@@ -274,10 +283,8 @@ __device__ __forceinline__ void kd_scan_tile(Load load, long long n,
         v[j] = i < n ? load(i) : 0;
         sum += v[j];
     }
-    for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(full, sum, o);
-    // lane 0 carries its warp's total: its exclusive scan is the warps' before it
     long long total;
-    long long carry = kd_block_exclusive_scan(lane == 0 ? sum : 0, &total);
-    carry = __shfl_sync(full, carry, 0) + tile_prefix[blockIdx.x];
-    kd_warp_scan_rounds(v, base, n, carry, [out](long long i, long long value) { out[i] = value; });
+    const long long carry = kd_block_warp_prefix(sum, &total) + tile_prefix[blockIdx.x];
+    kd_warp_scan_rounds(v, base, n, carry,
+                        [out](int, long long i, long long value) { out[i] = value; });
 }
