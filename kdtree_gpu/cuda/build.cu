@@ -7,29 +7,29 @@
 // Stage compute_split_costs, part 1: the exclusive scan of each event's packed
 // (opens, closes) counts (opens = START or PLANAR, closes = END or PLANAR),
 // derived from its kind as the scan loads it (KdLoadOpenClose: the inclusive
-// scan of E + 1 values), in scan.cuh's three passes; nothing is stored before
-// the scan. (A pass storing the 8-byte counts, then CUB's single-pass scan of
-// them in place, moved 25 bytes an event; these passes move 10.) The tile
-// sums' launch also resets each segment's minimum cost and arg-min.
+// scan of E + 1 values); nothing is stored before the scan. It is stored
+// chunked (KdPackedScan), a tile of KD_SCAN_TILE items a block: each item's
+// counts since its tile began (16 bits each) and each tile's sum, which
+// kd_scan_tile_prefix turns into the scan before the tile. One pass over the
+// events and 5 bytes an event, where the whole int64 scan took two passes and
+// 10 bytes (and the cost pass read 8 bytes, not 4, at each place it looks).
+// The launch also resets each segment's minimum cost and arg-min.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_open_close_tile_sums(const signed char* __restrict__ event_kind, long long num_events,
-                        long long num_segments, long long* __restrict__ tile_sum,
-                        unsigned long long* __restrict__ seg_min_cost,
-                        unsigned long long* __restrict__ seg_best)
+kd_open_close_local(const signed char* __restrict__ event_kind, long long num_events,
+                    long long num_segments, unsigned int* __restrict__ local,
+                    long long* __restrict__ tile_sum,
+                    unsigned long long* __restrict__ seg_min_cost,
+                    unsigned long long* __restrict__ seg_best)
 {
     for (long long i = kd_tid(); i < num_segments; i += (long long)gridDim.x * blockDim.x) {
         seg_min_cost[i] = KD_INF_BITS;
         seg_best[i] = KD_NO_INDEX;
     }
-    kd_scan_tile_sum(KdLoadOpenClose{event_kind}, num_events + 1, tile_sum);
-}
-
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_open_close_tiles(const signed char* __restrict__ event_kind, long long num_events,
-                    const long long* __restrict__ tile_prefix,
-                    long long* __restrict__ open_close_ex)
-{
-    kd_scan_tile(KdLoadOpenClose{event_kind}, num_events + 1, tile_prefix, open_close_ex);
+    const long long begin = (long long)blockIdx.x * KD_SCAN_TILE;
+    const long long end = min(begin + KD_SCAN_TILE, num_events + 1);
+    const unsigned int sum = kd_block_scan_flags_local<KdLoadOpenClose, KD_SCAN_BLOCK>(
+        KdLoadOpenClose{event_kind}, begin, end, local);
+    if (threadIdx.x == 0) tile_sum[blockIdx.x] = kd_lr64(sum);
 }
 
 // Small levels: part 1 and its scan in one block (one launch instead of two).
@@ -53,7 +53,9 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg may be
 // null (the per-stage path stores segments only when clipping): each event's
 // segment then comes from its reference's node and its place. event_cost_hi
-// and _lo (the tests') get each cost's two halves where not null.
+// and _lo (the tests') get each cost's two halves where not null. The
+// open/close scan is open_close_ex, whole (kd_small_event_scan), or, that null,
+// open_close_local with the tiles' prefixes open_close_tile (kd_open_close_local).
 // Six blocks a multiprocessor: the pass waits mostly on dependent loads
 // (event -> reference -> node -> segment -> scan), so more warps hide more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
@@ -62,6 +64,8 @@ kd_split_costs(const float* __restrict__ event_pos,
                const int* __restrict__ event_ref,
                const int* __restrict__ ref_node,
                const long long* __restrict__ open_close_ex,
+               const unsigned int* __restrict__ open_close_local,
+               const long long* __restrict__ open_close_tile,
                const long long* __restrict__ seg_event_offset,
                const long long* __restrict__ node_ref_offset,
                const float* __restrict__ node_lo,
@@ -80,8 +84,13 @@ kd_split_costs(const float* __restrict__ event_pos,
                unsigned long long* seg_best,
                unsigned long long* __restrict__ partial)
 {
+    // the scan: chunked by tiles, or whole (small levels' kd_small_event_scan;
+    // KdPackedScan reads it where not null). The chunk stays a constant: a
+    // chunk size chosen at run time cost three 32-bit divisions an event.
+    KdPackedScan open_close(open_close_local, open_close_tile, KD_SCAN_TILE);
+    open_close.whole = open_close_ex;
     KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
-                    open_close_ex, seg_event_offset, node_ref_offset,
+                    open_close, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
                     longest_only, k_traversal, k_intersect, empty_bonus,
                     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best};

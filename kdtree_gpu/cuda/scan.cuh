@@ -157,10 +157,11 @@ struct KdPackedScan {
 // a warp's 4-byte stores were 32 bytes apart (H100, conference: the level
 // loop's open/close scan took 0.84 ms of the loop's 7.8, its sums 0.21;
 // 0.34 ms this way).
-// Ends with a barrier.
+// Ends with a barrier; returns the chunk's sum (16-bit counts, as local's).
 template <typename Load, int BLOCK>
-__device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long begin,
-                                                          long long end, unsigned int* local)
+__device__ __forceinline__ unsigned int kd_block_scan_flags_local(Load load, long long begin,
+                                                                  long long end,
+                                                                  unsigned int* local)
 {
     const int lane = threadIdx.x & 31;
     unsigned int carry = 0;
@@ -181,6 +182,7 @@ __device__ __forceinline__ void kd_block_scan_flags_local(Load load, long long b
         carry += (unsigned int)total;
     }
     __syncthreads();
+    return carry;
 }
 
 // The first of the ascending values v[lo, hi) that is not below key (hi if

@@ -52,12 +52,45 @@ def _or_null(a):
 
 
 @dataclasses.dataclass
+class OpenCloseScan:
+    """The exclusive scan of a level's packed (opens, closes) counts (E + 1 items).
+
+    Small levels store it whole (``ex``, int64; ``kd_small_event_scan``);
+    the others chunked by scan tiles (``kd_open_close_local``): each item's
+    counts since its tile began, 16 bits each, and each tile's prefix; the
+    item's scan is their sum (``KdPackedScan`` in ``cuda/scan.cuh``).
+
+    Attributes
+    ----------
+    ex : (E + 1,) int64 or None
+    local : (E + 1,) uint32 or None
+    tile_prefix : (tiles,) int64 or None
+    """
+
+    ex: object = None
+    local: object = None
+    tile_prefix: object = None
+
+    def args(self) -> tuple:
+        """The cost pass's three pointers (null where absent)."""
+        return _or_null(self.ex), _or_null(self.local), _or_null(self.tile_prefix)
+
+    def get(self):
+        """The whole scan on the host (int64; the tests')."""
+        if self.ex is not None:
+            return self.ex.get()
+        local = self.local.get().astype(np.int64)
+        tile = np.repeat(self.tile_prefix.get(), enc.SCAN_TILE)[:local.size]
+        return tile + ((local >> 16) << 32) + (local & 0xFFFF)
+
+
+@dataclasses.dataclass
 class SplitCosts:
     """What :func:`compute_split_costs_gpu` leaves for :func:`select_best_splits_gpu`.
 
     Attributes
     ----------
-    open_close_ex : (E + 1,) int64
+    open_close : OpenCloseScan
         Exclusive scan of the packed (opens, closes) counts.
     event_side : (E,) int8
     seg_min_cost : (3n,) uint64
@@ -75,7 +108,7 @@ class SplitCosts:
         for (``store_costs``: the tests compare them with the NumPy twin's).
     """
 
-    open_close_ex: object
+    open_close: OpenCloseScan
     event_side: object
     seg_min_cost: object
     seg_best: object
@@ -83,12 +116,12 @@ class SplitCosts:
     event_cost: object = None
 
 
-def _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost, event_side,
+def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, event_side,
                seg_min_cost, seg_best, partial) -> tuple:
     """The arguments of ``kd_split_costs``; ``None`` arrays are null pointers (not stored)."""
     halves = _halves(event_cost) if event_cost is not None else (None, None)
     return (events.event_pos, _or_null(events.event_seg), events.event_ref, refs.ref_node,
-            open_close_ex, nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
+            *open_close.args(), nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
             nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
             np.int32(level_active), np.int32(cfg.axes == "longest"), f64(cfg.k_traversal),
             f64(cfg.k_intersect), f64(cfg.empty_bonus), *map(_or_null, halves),
@@ -111,29 +144,31 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     flags are derived from the kinds as their scan loads them.
     """
     n, num_events = nodes.size, events.size
-    open_close_ex = cp.empty(num_events + 1, dtype=np.int64)
     seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
     seg_best = cp.empty(3 * n, dtype=np.uint64)
+    kind, e = events.event_kind, i64(num_events)
     if small:
+        open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
         launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
-               (events.event_kind, i64(num_events), i64(3 * n), open_close_ex, seg_min_cost,
-                seg_best))
+               (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
     else:
-        # the flags are derived from the kinds as the scan loads them (none stored)
-        kind, e = events.event_kind, i64(num_events)
-        tile_scan(cp, num_events + 1,
-                  (_kernel("kd_open_close_tile_sums"),
-                   lambda tile: (kind, e, i64(3 * n), tile, seg_min_cost, seg_best)),
-                  (_kernel("kd_open_close_tiles"), lambda tile: (kind, e, tile, open_close_ex)),
-                  "compute_split_costs: scan")
+        # the flags are derived from the kinds as the scan loads them (none
+        # stored); each tile's counts are stored as it sums them (no third pass)
+        local = cp.empty(num_events + 1, dtype=np.uint32)
+        tile_prefix = tile_scan(cp, num_events + 1,
+                                (_kernel("kd_open_close_local"),
+                                 lambda tile: (kind, e, i64(3 * n), local, tile, seg_min_cost,
+                                               seg_best)),
+                                None, "compute_split_costs: scan")
+        open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
     warps = -(-num_events // 32)
     partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
     launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-           _cost_args(cfg, events, refs, nodes, open_close_ex, level_active, event_cost,
+           _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
                       event_side, seg_min_cost, seg_best, partial))
-    return SplitCosts(open_close_ex, event_side, seg_min_cost, seg_best, partial, event_cost)
+    return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
 
 
 def _halves(event_cost) -> tuple:

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from kdtree_gpu import SAHConfig
+from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_straddling_gpu,
                                                  compute_split_costs_gpu, emit_level_gpu,
                                                  event_costs, reference_boxes_gpu,
@@ -56,6 +57,13 @@ def equal(a, b, what):
     assert bad.size == 0, f"{what}: {bad.size} entries differ, first {bad[:5].tolist()}"
 
 
+def open_close_scan(kind):
+    """The exclusive scan of packed (opens, closes) counts, E + 1 items (NumPy)."""
+    opens = np.concatenate([[0], np.cumsum(kind != enc.EVENT_END)])
+    closes = np.concatenate([[0], np.cumsum(kind != enc.EVENT_START)])
+    return opens.astype(np.int64) + (closes.astype(np.int64) << 32)
+
+
 def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     where = f"level {lvl.level} ({'block' if small else 'grid'} kernels)"
     if not cfg.clip:
@@ -65,6 +73,8 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     level_active = lvl.level < max_depth
     costs = compute_split_costs_gpu(cp, cfg, lvl.events, lvl.refs, lvl.nodes, level_active,
                                     small, store_costs=True)
+    equal(costs.open_close.get(), open_close_scan(lvl.events.event_kind.get()),
+          f"compute_split_costs, {where}: open/close scan")
     equal(event_costs(costs.event_cost), want["event_cost"],
           f"compute_split_costs, {where}: event_cost")
     finite = np.isfinite(want["event_cost"].get())
