@@ -7,6 +7,9 @@ fresh processes::
     PYTHONPATH=OLD_ROOT python benchmarks/probe_build_ab.py stanford_armadillo@sub2
     PYTHONPATH=. python benchmarks/probe_build_ab.py stanford_armadillo@sub2
 
+``KD_SETTINGS`` (JSON, optional) gives ``GpuSettings`` fields for every build, e.g.
+``KD_SETTINGS='{"workspace_budget": 288}'``.
+
 (The digest of the tree's arrays is printed too; the subtree stage numbers its nodes with
 atomics, so it differs from build to build: compare trees with the tests.)"""
 import os, sys, json, hashlib
@@ -17,18 +20,21 @@ from bench_build import load
 V, F = load(sys.argv[1], os.environ["KDTREE_GPU_MESH_DIR"])
 V, F = cupy.asarray(V), cupy.asarray(F)
 REPS = int(os.environ.get('REPS', 15))
-for _ in range(2): kd.build(V, F)
+SETTINGS = json.loads(os.environ.get("KD_SETTINGS") or "{}")
+KW = {"settings": kd.GpuSettings(**SETTINGS)} if SETTINGS else {}
+for _ in range(2): kd.build(V, F, **KW)
 T = []
 for _ in range(REPS):
     a, b = cupy.cuda.Event(), cupy.cuda.Event()
-    a.record(); kd.build(V, F); b.record(); b.synchronize()
+    a.record(); kd.build(V, F, **KW); b.record(); b.synchronize()
     T.append(cupy.cuda.get_elapsed_time(a, b))
-tree = kd.build(V, F, profile=True)
+tree = kd.build(V, F, profile=True, **KW)
 h = hashlib.sha1()
 for name in ("node_axis", "node_split", "node_child", "node_count", "leaf_tris"):
     h.update(cupy.asnumpy(tree.device_array(name)).tobytes())
 prof = tree.build_info["profile"]
 print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sys.argv[1],
+                  **({"settings": SETTINGS} if SETTINGS else {}),
                   "ms": round(float(np.median(T)), 3), "digest": h.hexdigest()[:12],
                   "peak_B_per_tri": round(tree.build_info["peak_device_bytes"] / int(F.shape[0]), 1),
                   "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),

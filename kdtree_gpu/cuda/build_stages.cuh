@@ -411,11 +411,11 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
 {
     unsigned char cls = a.ref_class[ref];
     if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
-    int node = a.ref_node[ref];
+    int node, axis;
+    const int seg = a.event_seg.of_ref(i, ref, node, axis);
     long long rl, rr;
     kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
                         a.child_ref_offset, &rl, &rr);
-    int seg = a.event_seg.of(i, node);
     long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
     long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
     long long lr_e = lr_of(), lr_s = seg_start(seg);

@@ -50,39 +50,46 @@ __device__ __forceinline__ unsigned long long kd_warp_segmented_min(unsigned lon
     return key;
 }
 
-// An event's segment axis * n + node: stored (seg; the per-stage path) or, seg null
-// (the level loop keeps none: 8 bytes per event of capacity), derived: a level's events
-// of one axis start at seg_event_offset[axis * n]; an event's node is its reference's.
+// An event's segment axis * n + node: stored (seg; the per-stage path's large
+// levels and perfect splits) or, seg null (the level loop keeps none: 4 bytes
+// per event of capacity), derived from its node, its reference's. Either way a
+// level's events of one axis start at seg_event_offset[axis * n], so the axis
+// is two comparisons and a stored segment gives its node with no division and
+// no gather through the reference (H100, ncu, a 5.5M-triangle build's staged
+// cost pass: the two dependent loads of a derived segment held a fifth of its
+// stall samples).
 struct KdEventSegment {
     const int* seg;
     const int* event_ref;
     const int* ref_node;
     const long long* seg_event_offset;
     long long num_nodes;
-    __device__ __forceinline__ int axis(long long e) const
+    __device__ __forceinline__ int offset_axis(long long e) const
     {
-        if (seg) return (int)(seg[e] / num_nodes);
         return (int)(e >= seg_event_offset[num_nodes])
                + (int)(e >= seg_event_offset[2 * num_nodes]);
     }
-    // event e's segment, its node already known
-    __device__ __forceinline__ int of(long long e, int node) const
+    // (kd_reference_boxes passes no offsets: a stored segment's axis is divided out)
+    __device__ __forceinline__ int axis(long long e) const
     {
-        return seg ? seg[e] : (int)(axis(e) * num_nodes + node);
+        return seg ? (int)(seg[e] / num_nodes) : offset_axis(e);
     }
-    // event e's segment, and its node and axis (a derived segment is made
-    // from them, so only a stored one is divided)
-    __device__ __forceinline__ int of(long long e, int& node, int& ax) const
+    // event e's segment, and its node and axis; ref: its reference (event_ref[e])
+    __device__ __forceinline__ int of_ref(long long e, int ref, int& node, int& ax) const
     {
         if (seg) {
+            ax = offset_axis(e);
             const int s = seg[e];
-            node = (int)(s % num_nodes);
-            ax = (int)(s / num_nodes);
+            node = (int)(s - ax * num_nodes);
             return s;
         }
-        node = ref_node[event_ref[e]];
-        ax = axis(e);
+        node = ref_node[ref];
+        ax = offset_axis(e);
         return (int)(ax * num_nodes + node);
+    }
+    __device__ __forceinline__ int of(long long e, int& node, int& ax) const
+    {
+        return of_ref(e, seg ? 0 : event_ref[e], node, ax);
     }
 };
 

@@ -174,10 +174,11 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         first = None
         if grid_loop is not None:
             first = root_loop_buffers(cp, cfg, settings, root_events, num_root, grid_loop[1])
+        # (a root the stages run stores its events' segments: staged_segments)
         with stage(xp=cp, description="create_root_events"):
             events = create_root_events_cuda(cp, tri_lo, tri_hi, refs.ref_tri, planar,
                                              out=first and first[1], scratch=first and first[2],
-                                             segments=cfg.clip)
+                                             segments=cfg.clip or first is None)
         # (the small-node kernel does not clip: with clip=True no node is deferred)
         state = LoopState(events, refs, nodes, workspace=workspace,
                           buffers=first and first[0], deferred=deferred,

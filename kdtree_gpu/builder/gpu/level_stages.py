@@ -53,18 +53,11 @@ def _or_null(a):
 
 @dataclasses.dataclass
 class OpenCloseScan:
-    """The exclusive scan of a level's packed (opens, closes) counts (E + 1 items).
-
-    Small levels store it whole (``ex``, int64; ``kd_small_event_scan``);
-    the others chunked by scan tiles (``kd_open_close_local``): each item's
-    counts since its tile began, 16 bits each, and each tile's prefix; the
-    item's scan is their sum (``KdPackedScan`` in ``cuda/scan.cuh``).
-
-    Attributes
-    ----------
-    ex : (E + 1,) int64 or None
-    local : (E + 1,) uint32 or None
-    tile_prefix : (tiles,) int64 or None
+    """The exclusive scan of a level's packed (opens, closes) counts (E + 1 items):
+    small levels' whole (``ex``, int64; ``kd_small_event_scan``), the others'
+    chunked by scan tiles (``kd_open_close_local``): each item's counts since
+    its tile began (``local``, 16 bits each) plus its tile's ``tile_prefix``
+    (``KdPackedScan`` in ``cuda/scan.cuh``). The absent form's arrays are None.
     """
 
     ex: object = None
@@ -407,12 +400,14 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan,
                               split_leaf_ex, child_ref_offset, child_event_offset,
                               num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
-                              clip=False):
+                              clip=False, segments=None):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
     (with ``clip``, without the straddling references' events). The child
-    events store their segments only with ``clip`` (the clipping kernels
-    read them); else ``event_seg`` is ``None`` (4 bytes per event less).
+    events store their segments with ``segments`` (default: ``clip``, whose
+    kernels read them; the builder asks for them where the children run one
+    launch per stage, whose cost pass and scatter then need no gather through
+    the reference); else ``event_seg`` is ``None`` (4 bytes per event less).
     ``event_scan`` is :func:`route_to_children_gpu`'s: with a
     :class:`TiledEventScan`, each warp scans its 32 events again.
 
@@ -422,7 +417,8 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         The next level's references and events.
     """
     child_refs = RefSoA.allocate(cp, num_child_refs)
-    child_events = EventSoA.allocate_level(cp, num_child_events, segments=clip)
+    segments = clip if segments is None else segments or clip
+    child_events = EventSoA.allocate_level(cp, num_child_events, segments=segments)
     if isinstance(event_scan, TiledEventScan):
         kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
         scan = (event_scan.tile_prefix, event_scan.chunk_local, event_scan.seg_start)
@@ -494,6 +490,14 @@ def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, no
            (kept.struct(), i64(kept.size), place, sorted_key, i64(num_new), kept_offset,
             i64(num_segments), merged.struct(), offset))
     return merged, offset
+
+
+def staged_segments(settings, num_events: int) -> bool:
+    """Whether a level of ``num_events`` events stores its events' segments:
+    where it will run one launch per stage (too large for the level loop, or
+    no loop), 4 bytes an event that save its cost pass and scatter a gather
+    each (``KdEventSegment``)."""
+    return num_events > settings.loop_max_events or not settings.level_loop
 
 
 def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings, mesh=None):
@@ -568,7 +572,7 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
         child_refs, child_events = split_refs_and_events_gpu(
             cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
             child_ref_offset, child_event_offset, num_child_refs, num_child_events,
-            leaf_ref_base, out.leaf, cfg.clip)
+            leaf_ref_base, out.leaf, cfg.clip, staged_segments(settings, num_child_events))
         node_ref_offset = child_ref_offset[:2 * num_split + 1]
         seg_event_offset = child_event_offset[:6 * num_split + 1]
         if large:  # (the route's arrays are temporaries)
