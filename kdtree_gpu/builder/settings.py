@@ -175,8 +175,12 @@ class GpuSettings:
         the next levels. 0: give them back at every new mark, the least
         memory. On an H100, armadillo subdivided twice with 0 made 293
         device allocations and 46 trims a build: warm builds of 117 ms and a
-        peak of 211 bytes per triangle. With 256: 87-94 ms and 263 bytes
-        per triangle (benchmarks/results/route_scan_h100.md).
+        peak of 211 bytes per triangle; with 256, 87-94 ms and 263
+        (benchmarks/results/route_scan_h100.md). Since the staged levels
+        store their events' segments (4 bytes an event more), 256 made 24
+        trims and 95 device allocations a build (96-103 ms, 273 bytes per
+        triangle), 320 the fewest: 83 ms and 336
+        (benchmarks/results/staged_segments_h100.md).
     loop_blocks : int
         Blocks of the level-loop kernel's cooperative grid; 0 (the default):
         from the start level's events
@@ -210,7 +214,7 @@ class GpuSettings:
     small_records: int = 0
     small_capacity: object = None
     workspace_block: int = 4 << 20
-    workspace_budget: int = 256
+    workspace_budget: int = 320
     loop_blocks: int = 0
     clip_segment: int = 8192
     keep_workspace: bool = False
