@@ -385,7 +385,16 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
     if (i < num_refs) kd_scatter_ref(a, i);
     if ((i & ~31ll) >= num_events) return;  // (the whole warp)
     const int ref = i < num_events ? event_ref[i] : -1;
-    const unsigned int flags = ref >= 0 ? kd_lr16(kd_event_lr(ref_class[ref], clip)) : 0u;
+    // The reference's scan and its class, from one gather of two adjacent scan
+    // values, not two (its class a byte of ref_class): the pass is bound by L2
+    // sectors, most of them such gathers (H100, ncu, a 5.5M-triangle build).
+    long long lr_ref = 0;
+    unsigned char cls = 0;
+    if (ref >= 0) {
+        lr_ref = ref_lr_ex[ref];
+        cls = kd_unpack_lr(ref_lr_ex[ref + 1] - lr_ref);
+    }
+    const unsigned int flags = ref >= 0 ? kd_lr16(kd_event_lr(cls, clip)) : 0u;
     unsigned int x = flags;
     for (int o = 1; o < 32; o <<= 1) {
         const unsigned int y = __shfl_up_sync(0xffffffffu, x, o);
@@ -394,7 +403,8 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
     if (ref < 0) return;
     const long long lr =
         event_tile_prefix[i / KD_SCAN_TILE] + kd_lr64(chunk_local[i >> 5] + x - flags);
-    kd_scatter_event(a, i, ref, [&]() { return lr; }, [&](int seg) { return seg_start[seg]; });
+    kd_scatter_event(a, i, ref, cls, [&](long long) { return lr_ref; }, [&]() { return lr; },
+                     [&](int seg) { return seg_start[seg]; });
 }
 
 // --- mesh preparation on the device (rule R1) ----------------------------------

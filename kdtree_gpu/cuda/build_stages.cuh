@@ -132,6 +132,13 @@ __device__ __forceinline__ long long kd_pack_lr(unsigned char cls)
     return (long long)(cls & KD_CLASS_LEFT) | ((long long)((cls & KD_CLASS_RIGHT) >> 1) << 32);
 }
 
+// ... and back: a reference's class from the step of the scan of its flags
+// (ref_lr_ex[r + 1] - ref_lr_ex[r]).
+__device__ __forceinline__ unsigned char kd_unpack_lr(long long step)
+{
+    return (unsigned char)(KD_LOW(step) | KD_HIGH(step) << 1);
+}
+
 // An event's route flags from its reference's class: with perfect splits
 // (clip) a straddling reference's events go to no child (new ones are made).
 __device__ __forceinline__ long long kd_event_lr(unsigned char cls, int clip)
@@ -319,7 +326,9 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
 // Stages split_refs and split_events in one launch over max(R, E) threads: thread i
 // moves reference i (stable compaction into the children, or into the leaf list) and
 // event i (into its child segments, order kept), which points at its reference's copy.
-__device__ __forceinline__ void kd_ref_destinations(long long r, int node,
+// (lr_at(r): the scan at reference r, of ref_lr_ex or already loaded)
+template <typename LrAt>
+__device__ __forceinline__ void kd_ref_destinations(long long r, int node, LrAt lr_at,
                                                     const KdPackedScan& ref_lr_ex,
                                                     const long long* node_ref_offset,
                                                     const long long* split_leaf_ex,
@@ -328,9 +337,20 @@ __device__ __forceinline__ void kd_ref_destinations(long long r, int node,
 {
     long long start = node_ref_offset[node];
     long long child = 2 * KD_LOW(split_leaf_ex[node]);
-    long long lr_r = ref_lr_ex[r], lr_s = ref_lr_ex[start];
+    long long lr_r = lr_at(r), lr_s = ref_lr_ex[start];
     *dst_left = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
     *dst_right = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
+}
+
+__device__ __forceinline__ void kd_ref_destinations(long long r, int node,
+                                                    const KdPackedScan& ref_lr_ex,
+                                                    const long long* node_ref_offset,
+                                                    const long long* split_leaf_ex,
+                                                    const long long* child_ref_offset,
+                                                    long long* dst_left, long long* dst_right)
+{
+    kd_ref_destinations(r, node, [&](long long x) { return ref_lr_ex[x]; }, ref_lr_ex,
+                        node_ref_offset, split_leaf_ex, child_ref_offset, dst_left, dst_right);
 }
 
 struct KdScatterArgs {
@@ -405,16 +425,18 @@ __device__ __forceinline__ void kd_scatter_ref(const KdScatterArgs& a, long long
 // right) scan value comes from lr_of() and its segment's from seg_start(seg),
 // asked only for an event that moves: a stored scan, or one made as the
 // event's chunk is scanned again (kd_scatter_chunks).
-template <typename EventScan, typename SegStart>
+// The reference's class is cls, and lr_ref(ref) its scan (KdScatterArgs::ref_lr_ex's, or
+// one already loaded).
+template <typename EventScan, typename SegStart, typename LrAt>
 __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long long i, int ref,
+                                                 unsigned char cls, LrAt lr_ref,
                                                  EventScan lr_of, SegStart seg_start)
 {
-    unsigned char cls = a.ref_class[ref];
     if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
     int node, axis;
     const int seg = a.event_seg.of_ref(i, ref, node, axis);
     long long rl, rr;
-    kd_ref_destinations(ref, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
+    kd_ref_destinations(ref, node, lr_ref, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
                         a.child_ref_offset, &rl, &rr);
     long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
     long long child_seg = kd_child_group(seg, a.num_nodes, a.split_leaf_ex, num_split);
@@ -440,9 +462,13 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
 __device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
 {
     if (i < a.num_refs) kd_scatter_ref(a, i);
-    if (i < a.num_events)
-        kd_scatter_event(a, i, a.event_ref[i], [&]() { return a.event_lr_ex[i]; },
+    if (i < a.num_events) {
+        const int ref = a.event_ref[i];
+        kd_scatter_event(a, i, ref, a.ref_class[ref],
+                         [&](long long r) { return a.ref_lr_ex[r]; },
+                         [&]() { return a.event_lr_ex[i]; },
                          [&](int seg) { return a.event_lr_ex[a.seg_event_offset[seg]]; });
+    }
 }
 
 // --- route_events and split_events of the stages' large levels -------------------
