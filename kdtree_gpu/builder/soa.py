@@ -40,9 +40,11 @@ class EventSoA(SoA):
         Index of the event's triangle reference in the level's ``RefSoA``.
     event_seg : (num_events,) int32
         ``axis * num_nodes + node``; events are sorted by segment first. The
-        level loop's buffers hold none (0 rows), nor do the per-stage path's
-        levels without perfect splits (``None``): the segment follows from
-        the event's place and its reference (:func:`.stages.event_segments`).
+        level loop's buffers hold none (0 rows), nor do the levels it hands
+        to the per-stage path (``None``; that path stores them for the
+        levels it runs itself, :func:`.gpu.level_stages.staged_segments`):
+        the segment then follows from the event's place and its reference
+        (:func:`.stages.event_segments`).
     """
 
     c_name = "KdEvents"

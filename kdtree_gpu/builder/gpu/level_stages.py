@@ -128,7 +128,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     that minimum.
 
     The events' segments are read from ``events.event_seg``, or, where it is
-    ``None`` (the per-stage path stores them only with perfect splits),
+    ``None`` (a level the level loop hands over; :func:`staged_segments`),
     derived from each event's place and its reference's node
     (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
     warp of the pass finds the arg-min of the segments inside its 32 events

@@ -182,8 +182,9 @@ def create_root_events_cuda(cp, tri_lo, tri_hi, ref_tri, planar, out=None,
         Device memory not in use that the keys and the sort may take
         (:func:`.workspace.carved`; what does not fit is allocated as usual).
     segments : bool
-        Store each event's segment in new arrays (the per-stage path reads
-        them only with perfect splits: else ``event_seg`` is ``None``).
+        Store each event's segment in new arrays (perfect splits, and a
+        root the per-stage path runs: ``level_stages.staged_segments``; else
+        ``event_seg`` is ``None``).
 
     Returns
     -------
