@@ -137,11 +137,14 @@ def cold_build_ms(spec, mesh_dir):
 STAGE_BYTES = {
     # (the open/close scan's tile sums store each event's 16-bit counts in its tile)
     "compute_split_costs: scan: tile sums": (0, 1 + 4),
-    "compute_split_costs: costs": (0, 4 + 4 + 8 + 1),
+    # (position, scan, segment, side)
+    "compute_split_costs: costs": (0, 4 + 4 + 4 + 1),
     "classify_triangles": (4 + 4 + 8 + 1, 0),
     # (the events' scan is made again by the scatter, stored for no event)
     "route: event scan: tile sums": (0, 4 + 1 + 4),
-    "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 1 + 4 + 8 + 2 * 13),
+    # (an event: position, kind, reference, segment, its reference's two scan
+    # values, and two copies of the first four at most)
+    "split_refs_and_events": (4 + 4 + 1 + 8 + 2 * 8, 4 + 1 + 4 + 4 + 2 * 8 + 2 * 13),
 }
 
 

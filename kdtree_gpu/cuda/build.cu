@@ -50,14 +50,15 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // event's cost and side, each segment's minimum cost into seg_min_cost and
 // its lowest event index at that minimum into seg_best (kd_split_cost_warp:
 // a warp's 32 events at a time; segments reaching past them leave partial
-// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg may be
-// null (a level the level loop handed over: staged_segments in level_stages.py):
-// each event's segment then comes from its reference's node and its place. event_cost_hi
-// and _lo (the tests') get each cost's two halves where not null. The
-// open/close scan is open_close_ex, whole (kd_small_event_scan), or, that null,
-// open_close_local with the tiles' prefixes open_close_tile (kd_open_close_local).
-// Six blocks a multiprocessor: the pass waits mostly on dependent loads
-// (event -> its stored segment, or its reference -> node; then the scan), so more
+// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg may
+// be null (a level the level loop handed over: staged_segments in
+// level_stages.py): each event's segment then comes from its reference's node
+// and its place. event_cost_hi and _lo (the tests') get each cost's two halves
+// where not null. The open/close scan is open_close_ex, whole
+// (kd_small_event_scan), or, that null, open_close_local with the tiles'
+// prefixes open_close_tile (kd_open_close_local).
+// Six blocks a multiprocessor: the pass waits mostly on dependent loads (event
+// -> its stored segment, or its reference -> node; then the scan), so more
 // warps hide more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
 kd_split_costs(const float* __restrict__ event_pos,
