@@ -6,14 +6,12 @@
 
 // Stage compute_split_costs, part 1: the exclusive scan of each event's packed
 // (opens, closes) counts (opens = START or PLANAR, closes = END or PLANAR),
-// derived from its kind as the scan loads it (KdLoadOpenClose: the inclusive
-// scan of E + 1 values); nothing is stored before the scan. It is stored
-// chunked (KdPackedScan), a tile of KD_SCAN_TILE items a block: each item's
-// counts since its tile began (16 bits each) and each tile's sum, which
-// kd_scan_tile_prefix turns into the scan before the tile. One pass over the
-// events and 5 bytes an event, where the whole int64 scan took two passes and
-// 10 bytes (and the cost pass read 8 bytes, not 4, at each place it looks).
-// The launch also resets each segment's minimum cost and arg-min.
+// derived from its kind as it is loaded (KdLoadOpenClose: the inclusive scan of
+// E + 1 values), stored chunked (KdPackedScan) a tile of KD_SCAN_TILE items a
+// block: each item's 16-bit counts since its tile began, and each tile's sum
+// (kd_scan_tile_prefix makes them the tiles' bases). One pass and 5 bytes an
+// event; the whole int64 scan took two passes and 10. Also resets each
+// segment's minimum cost and arg-min.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_open_close_local(const signed char* __restrict__ event_kind, long long num_events,
                     long long num_segments, unsigned int* __restrict__ local,
@@ -50,16 +48,12 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // event's cost and side, each segment's minimum cost into seg_min_cost and
 // its lowest event index at that minimum into seg_best (kd_split_cost_warp:
 // a warp's 32 events at a time; segments reaching past them leave partial
-// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg may
-// be null (a level the level loop handed over: staged_segments in
-// level_stages.py): each event's segment then comes from its reference's node
-// and its place. event_cost_hi and _lo (the tests') get each cost's two halves
-// where not null. The open/close scan is open_close_ex, whole
-// (kd_small_event_scan), or, that null, open_close_local with the tiles'
-// prefixes open_close_tile (kd_open_close_local).
+// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg null
+// (levels the loop hands over): segments from the references' nodes. The tests
+// get each cost's halves in event_cost_hi/_lo where not null. The open/close
+// scan: open_close_ex (whole), or open_close_local + open_close_tile.
 // Six blocks a multiprocessor: the pass waits mostly on dependent loads (event
-// -> its stored segment, or its reference -> node; then the scan), so more
-// warps hide more.
+// -> its segment, or its reference -> node; then the scan), so more warps hide more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
 kd_split_costs(const float* __restrict__ event_pos,
                const int* __restrict__ event_seg,
@@ -86,9 +80,8 @@ kd_split_costs(const float* __restrict__ event_pos,
                unsigned long long* seg_best,
                unsigned long long* __restrict__ partial)
 {
-    // the scan: chunked by tiles, or whole (small levels' kd_small_event_scan;
-    // KdPackedScan reads it where not null). The chunk stays a constant: a
-    // chunk size chosen at run time cost three 32-bit divisions an event.
+    // chunked by tiles, or whole where not null (small levels'); the chunk a
+    // constant (at run time it cost three 32-bit divisions an event)
     KdPackedScan open_close(open_close_local, open_close_tile, KD_SCAN_TILE);
     open_close.whole = open_close_ex;
     KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
@@ -387,9 +380,8 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
     if (i < num_refs) kd_scatter_ref(a, i);
     if ((i & ~31ll) >= num_events) return;  // (the whole warp)
     const int ref = i < num_events ? event_ref[i] : -1;
-    // The reference's scan and its class, from one gather of two adjacent scan
-    // values, not two (its class a byte of ref_class): the pass is bound by L2
-    // sectors, most of them such gathers (H100, ncu, a 5.5M-triangle build).
+    // The reference's scan and class from one gather of two adjacent scan values,
+    // not two gathers: the pass is bound by L2 sectors (ncu, H100, 5.5M triangles).
     long long lr_ref = 0;
     unsigned char cls = 0;
     if (ref >= 0) {
