@@ -421,12 +421,11 @@ __device__ __forceinline__ void kd_scatter_ref(const KdScatterArgs& a, long long
     }
 }
 
-// Event i, of reference ref, into its child segments. Its packed (left,
-// right) scan value comes from lr_of() and its segment's from seg_start(seg),
-// asked only for an event that moves: a stored scan, or one made as the
-// event's chunk is scanned again (kd_scatter_chunks).
-// The reference's class is cls, and lr_ref(ref) its scan (KdScatterArgs::ref_lr_ex's, or
-// one already loaded).
+// Event i, of reference ref (class cls, scan lr_ref(ref): ref_lr_ex's, or one
+// already loaded), into its child segments. Its packed (left, right) scan value
+// comes from lr_of() and its segment's from seg_start(seg), asked only for an
+// event that moves: a stored scan, or one made as the event's chunk is scanned
+// again (kd_scatter_chunks).
 template <typename EventScan, typename SegStart, typename LrAt>
 __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long long i, int ref,
                                                  unsigned char cls, LrAt lr_ref,

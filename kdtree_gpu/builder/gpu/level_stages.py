@@ -400,14 +400,14 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan,
                               split_leaf_ex, child_ref_offset, child_event_offset,
                               num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
-                              clip=False, segments=None):
+                              clip=False, segments=False):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
     (with ``clip``, without the straddling references' events). The child
-    events store their segments with ``segments`` (default: ``clip``, whose
-    kernels read them; the builder asks for them where the children run one
-    launch per stage, whose cost pass and scatter then need no gather through
-    the reference); else ``event_seg`` is ``None`` (4 bytes per event less).
+    events store their segments with ``clip`` (its kernels read them) or
+    ``segments`` (the builder asks for them where the children run one launch
+    per stage, whose cost pass and scatter then need no gather through the
+    reference); else ``event_seg`` is ``None`` (4 bytes per event less).
     ``event_scan`` is :func:`route_to_children_gpu`'s: with a
     :class:`TiledEventScan`, each warp scans its 32 events again.
 
@@ -417,8 +417,7 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         The next level's references and events.
     """
     child_refs = RefSoA.allocate(cp, num_child_refs)
-    segments = clip if segments is None else segments or clip
-    child_events = EventSoA.allocate_level(cp, num_child_events, segments=segments)
+    child_events = EventSoA.allocate_level(cp, num_child_events, segments=clip or segments)
     if isinstance(event_scan, TiledEventScan):
         kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
         scan = (event_scan.tile_prefix, event_scan.chunk_local, event_scan.seg_start)
