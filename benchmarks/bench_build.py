@@ -135,10 +135,9 @@ def cold_build_ms(spec, mesh_dir):
 # With the element counts of every level this gives the achieved bandwidth of
 # the largest stages, next to the device-to-device copy.
 STAGE_BYTES = {
-    # (the open/close scan's tile sums store each event's 16-bit counts in its tile)
-    "compute_split_costs: scan: tile sums": (0, 1 + 4),
-    # (position, scan, segment, side)
-    "compute_split_costs: costs": (0, 4 + 4 + 4 + 1),
+    # (the cost pre-pass: kind, position, segment, and each event's 16-bit
+    # open/close counts; the cost pass itself reads the candidates only)
+    "compute_split_costs: scan: tile sums": (0, 1 + 4 + 4 + 4),
     "classify_triangles": (4 + 4 + 8 + 1, 0),
     # (the events' scan is made again by the scatter, stored for no event)
     "route: event scan: tile sums": (0, 4 + 1 + 4),

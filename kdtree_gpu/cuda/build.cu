@@ -4,33 +4,9 @@
 // the scans, mesh preparation and root events.
 #include "build_stages.cuh"
 
-// Stage compute_split_costs, part 1: the exclusive scan of each event's packed
-// (opens, closes) counts (opens = START or PLANAR, closes = END or PLANAR),
-// derived from its kind as it is loaded (KdLoadOpenClose: the inclusive scan of
-// E + 1 values), stored chunked (KdPackedScan) a tile of KD_SCAN_TILE items a
-// block: each item's 16-bit counts since its tile began, and each tile's sum
-// (kd_scan_tile_prefix makes them the tiles' bases). One pass and 5 bytes an
-// event; the whole int64 scan took two passes and 10. Also resets each
-// segment's minimum cost and arg-min.
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_open_close_local(const signed char* __restrict__ event_kind, long long num_events,
-                    long long num_segments, unsigned int* __restrict__ local,
-                    long long* __restrict__ tile_sum,
-                    unsigned long long* __restrict__ seg_min_cost,
-                    unsigned long long* __restrict__ seg_best)
-{
-    for (long long i = kd_tid(); i < num_segments; i += (long long)gridDim.x * blockDim.x) {
-        seg_min_cost[i] = KD_INF_BITS;
-        seg_best[i] = KD_NO_INDEX;
-    }
-    const long long begin = (long long)blockIdx.x * KD_SCAN_TILE;
-    const long long end = min(begin + KD_SCAN_TILE, num_events + 1);
-    const unsigned int sum = kd_block_scan_flags_local<KdLoadOpenClose, KD_SCAN_BLOCK>(
-        KdLoadOpenClose{event_kind}, begin, end, local);
-    if (threadIdx.x == 0) tile_sum[blockIdx.x] = kd_lr64(sum);
-}
-
-// Small levels: part 1 and its scan in one block (one launch instead of two).
+// Stage compute_split_costs, part 1, of small levels: the exclusive scan of each
+// event's packed (opens, closes) counts (KdLoadOpenClose) in one block, whole (the
+// large levels': cost_candidates.cu). Also resets each segment's minimum and arg-min.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_events,
                     long long num_segments, long long* __restrict__ open_close_ex,
@@ -44,8 +20,9 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
     kd_block_scan(KdLoadOpenClose{event_kind}, num_events + 1, open_close_ex);
 }
 
-// Stage compute_split_costs, part 2, with select_best_splits' arg-min: each
-// event's cost and side, each segment's minimum cost into seg_min_cost and
+// Stage compute_split_costs, part 2, of small levels (the large levels' runs
+// over their candidates only: cost_candidates.cu), with select_best_splits'
+// arg-min: each event's cost and side, each segment's minimum cost into seg_min_cost and
 // its lowest event index at that minimum into seg_best (kd_split_cost_warp:
 // a warp's 32 events at a time; segments reaching past them leave partial
 // rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg null

@@ -149,6 +149,93 @@ struct KdCostArgs {
     unsigned long long* seg_best;
 };
 
+// What event e's candidate test and plane cost read of its node and segment
+// (e live and in segment seg = axis * num_nodes + node).
+struct KdEventPlane {
+    float p, lo_k, hi_k;
+    long long n_all, seg_start;
+};
+
+__device__ __forceinline__ KdEventPlane kd_event_plane(const KdCostArgs& a, long long e, int seg,
+                                                       int node, int axis)
+{
+    KdEventPlane pl;
+    pl.p = a.event_pos[e];
+    pl.lo_k = a.node_lo[3 * node + axis];
+    pl.hi_k = a.node_hi[3 * node + axis];
+    pl.n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
+    pl.seg_start = a.seg_event_offset[seg];
+    return pl;
+}
+
+// Rules R4-R5: event e is a candidate plane where it heads a run (it starts
+// its segment's events or follows another position), its node may split, the
+// plane lies strictly inside the node's box and, with axes="longest", on its
+// longest axis.
+__device__ __forceinline__ bool kd_event_candidate(const KdCostArgs& a, long long e, int node,
+                                                   int axis, const KdEventPlane& pl)
+{
+    bool head = e == pl.seg_start || a.event_pos[e - 1] != pl.p;
+    return head && kd_node_active(pl.n_all, a.leaf_size, a.level_active) && pl.p > pl.lo_k
+           && pl.p < pl.hi_k
+           && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis);
+}
+
+// Rules R6-R7: the cost of candidate e's plane and its side.
+__device__ __forceinline__ double kd_candidate_cost(const KdCostArgs& a, long long e, int seg,
+                                                    int node, int axis, const KdEventPlane& pl,
+                                                    signed char* side_out)
+{
+    const float p = pl.p;
+    long long seg_end = a.seg_event_offset[seg + 1];
+    long long run_end = e + 1;
+    if (run_end < seg_end && a.event_pos[run_end] == p) {
+        // positions in [e, seg_end) are >= p and sorted: the run is
+        // [e, b) with b the first index whose position exceeds p. Runs
+        // are short (the events of the triangles that share a vertex),
+        // so the search gallops from e + 1 in doubling steps, then
+        // bisects the last step: about 2 log2 of the run's length
+        // dependent loads, where bisecting [e + 1, seg_end) took log2 of
+        // the segment's (H100, ncu, a 5.5M-triangle build's 9th staged
+        // level: 16 loads, a third of the cost pass's stall samples).
+        // Invariant: event_pos[lo] == p, and hi is seg_end or past p.
+        long long lo = run_end, hi = seg_end, step = 1;
+        while (lo + step < seg_end) {
+            if (a.event_pos[lo + step] != p) {
+                hi = lo + step;
+                break;
+            }
+            lo += step;
+            step <<= 1;
+        }
+        while (hi - lo > 1) {
+            long long m = lo + (hi - lo) / 2;
+            if (a.event_pos[m] == p) lo = m; else hi = m;
+        }
+        run_end = hi;
+    }
+    long long oc_e = a.open_close_ex[e];
+    long long oc_s = a.open_close_ex[pl.seg_start];
+    long long oc_r = a.open_close_ex[run_end];
+    long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
+    long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
+    long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
+    long long n_planar = planar_r - planar_e;
+    long long n_right = pl.n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
+
+    double lo[3], ext[3];
+    for (int k = 0; k < 3; ++k) {
+        lo[k] = (double)a.node_lo[3 * node + k];
+        ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
+    }
+    double area = kd_half_area(ext[0], ext[1], ext[2]);
+    int plane_side;
+    double cost = kd_plane_cost(ext, area, axis, pl.lo_k, pl.hi_k, p, n_left, n_planar, n_right,
+                                a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
+    *side_out = (signed char)plane_side;
+    return cost;
+}
+
 // Event e's plane cost (+inf where e is no candidate) and side, e live and in
 // segment seg = axis * num_nodes + node.
 __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long long e, int seg,
@@ -156,78 +243,73 @@ __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long 
 {
     double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     signed char side = KD_SIDE_LEFT;
-    float p = a.event_pos[e];
-    float lo_k = a.node_lo[3 * node + axis];
-    float hi_k = a.node_hi[3 * node + axis];
-    long long n_all = a.node_ref_offset[node + 1] - a.node_ref_offset[node];
-    // a run starts its segment's events or follows another position
-    long long seg_start = a.seg_event_offset[seg];
-    bool head = e == seg_start || a.event_pos[e - 1] != p;
-    if (head && kd_node_active(n_all, a.leaf_size, a.level_active) && p > lo_k && p < hi_k
-        && (!a.longest_only || kd_longest_axis(a.node_lo, a.node_hi, node) == axis)) {
-        long long seg_end = a.seg_event_offset[seg + 1];
-        long long run_end = e + 1;
-        if (run_end < seg_end && a.event_pos[run_end] == p) {
-            // positions in [e, seg_end) are >= p and sorted: the run is
-            // [e, b) with b the first index whose position exceeds p. Runs
-            // are short (the events of the triangles that share a vertex),
-            // so the search gallops from e + 1 in doubling steps, then
-            // bisects the last step: about 2 log2 of the run's length
-            // dependent loads, where bisecting [e + 1, seg_end) took log2 of
-            // the segment's (H100, ncu, a 5.5M-triangle build's 9th staged
-            // level: 16 loads, a third of the cost pass's stall samples).
-            // Invariant: event_pos[lo] == p, and hi is seg_end or past p.
-            long long lo = run_end, hi = seg_end, step = 1;
-            while (lo + step < seg_end) {
-                if (a.event_pos[lo + step] != p) {
-                    hi = lo + step;
-                    break;
-                }
-                lo += step;
-                step <<= 1;
-            }
-            while (hi - lo > 1) {
-                long long m = lo + (hi - lo) / 2;
-                if (a.event_pos[m] == p) lo = m; else hi = m;
-            }
-            run_end = hi;
-        }
-        long long oc_e = a.open_close_ex[e];
-        long long oc_s = a.open_close_ex[seg_start];
-        long long oc_r = a.open_close_ex[run_end];
-        long long planar_e = KD_LOW(oc_e) + KD_HIGH(oc_e) - e;
-        long long planar_r = KD_LOW(oc_r) + KD_HIGH(oc_r) - run_end;
-        long long n_left = KD_LOW(oc_e) - KD_LOW(oc_s);
-        long long n_planar = planar_r - planar_e;
-        long long n_right = n_all - (KD_HIGH(oc_r) - KD_HIGH(oc_s));
-
-        double lo[3], ext[3];
-        for (int k = 0; k < 3; ++k) {
-            lo[k] = (double)a.node_lo[3 * node + k];
-            ext[k] = __dsub_rn((double)a.node_hi[3 * node + k], lo[k]);
-        }
-        double area = kd_half_area(ext[0], ext[1], ext[2]);
-        int plane_side;
-        cost = kd_plane_cost(ext, area, axis, lo_k, hi_k, p, n_left, n_planar, n_right,
-                             a.k_traversal, a.k_intersect, a.empty_bonus, &plane_side);
-        side = (signed char)plane_side;
-    }
+    const KdEventPlane pl = kd_event_plane(a, e, seg, node, axis);
+    if (kd_event_candidate(a, e, node, axis, pl))
+        cost = kd_candidate_cost(a, e, seg, node, axis, pl, &side);
     *side_out = side;
     return cost;
 }
 
+// The arg-min half of a cost pass (rule R8), for a warp whose live lanes (the
+// first num_live) hold items in ascending event order, sorted by segment: seg,
+// and the cost bits where candidate. first: lane 0's event; end: one past the
+// last live lane's event; event_of(src): lane src's event (every lane calls
+// it). Shuffles give each run of equal segments its minimum, and a ballot its
+// lowest lane at that minimum. A segment wholly inside the warp is done here:
+// its minimum and arg-min are stored (seg_min_cost and seg_best start at no
+// candidate: a segment without candidates keeps that). Only the warp's first
+// and last runs can be parts of larger segments (their segment's events reach
+// past first or end): such a part's minimum goes to seg_min_cost by atomicMin,
+// and (segment, minimum, index) to the warp's two partial rows (the first
+// run's, then the last one's; segment KD_NO_INDEX where none), which
+// kd_argmin_partial keeps where the minimum is the segment's.
+template <typename EventOf>
+__device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, bool live,
+                                               bool candidate, unsigned long long bits,
+                                               long long first, long long end, int num_live,
+                                               EventOf event_of, unsigned long long* rows)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    bool run_head;
+    const unsigned long long m =
+        kd_warp_segmented_min(candidate ? bits : KD_NO_INDEX, seg, run_head);
+    const unsigned heads = __ballot_sync(full, run_head);
+    // each lane's run: from the last head at or below it to the next head
+    const unsigned run_min_lane = 31 - __clz(heads & ((2u << lane) - 1u));
+    const unsigned long long run_min = __shfl_sync(full, m, run_min_lane);  // (every lane)
+    const bool at_min = candidate && bits == run_min;
+    const unsigned at = __ballot_sync(full, at_min);
+    const unsigned later = heads & ~((2u << lane) - 1u);
+    const int next = later ? __ffs(later) - 1 : 32;  // (a head's run: [lane, next))
+    const unsigned run = (next == 32 ? full : (1u << next) - 1u) & ~((1u << lane) - 1u);
+    const unsigned long long best_event = event_of(at & run ? __ffs(at & run) - 1 : 0);
+    const unsigned long long best = at & run ? best_event : KD_NO_INDEX;
+    const bool mine = run_head && live;
+    const bool from_before = mine && lane == 0 && a.seg_event_offset[seg] < first;
+    const bool on_after = mine && !from_before && next >= num_live
+                          && a.seg_event_offset[seg + 1] > end;
+    if (mine && !from_before && !on_after) {
+        a.seg_min_cost[seg] = m == KD_NO_INDEX ? KD_INF_BITS : m;
+        a.seg_best[seg] = best;
+    }
+    const bool part = (from_before || on_after) && m != KD_NO_INDEX;
+    if (part && m < a.seg_min_cost[seg]) atomicMin(a.seg_min_cost + seg, m);
+    const unsigned last_part = __ballot_sync(full, part && on_after);
+    if (part) {
+        unsigned long long* row = rows + KD_ARGMIN_ROW * (on_after ? 1 : 0);
+        row[0] = (unsigned long long)seg;
+        row[1] = m;
+        row[2] = best;
+    }
+    // (lane 0's run may be the last one's part: then row 2w holds none)
+    if (lane == 0 && !(part && from_before)) rows[0] = KD_NO_INDEX;
+    if (lane == 1 && !last_part) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+}
+
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
 // its minimum cost) in the same pass, a warp's 32 consecutive events at a
-// time (every lane calls it; lane l takes event w0 + l). Events are sorted by
-// segment, so the warp holds runs of consecutive segments: shuffles give each
-// run's minimum, and a ballot its lowest lane at that minimum. A segment
-// wholly inside the warp is done here: its minimum and arg-min are stored
-// (seg_min_cost and seg_best start at no candidate: a segment without events
-// keeps that). Only the warp's first and last runs can be parts of larger
-// segments: such a part's minimum goes to seg_min_cost by atomicMin, and
-// (segment, minimum, index) to the warp's two partial rows (the first run's,
-// then the last one's; segment KD_NO_INDEX where none), which
-// kd_argmin_partial keeps where the minimum is the segment's. No barrier: the
+// time (every lane calls it; lane l takes event w0 + l; kd_warp_argmin). No barrier: the
 // pass waits mostly on dependent loads, and a block-wide version (a block's
 // 256 events, shared memory, three __syncthreads) made the cost pass 25%
 // slower. (Two passes over the events, a cost pass and an arg-min pass that
@@ -236,7 +318,6 @@ __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long 
 __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
                                                    unsigned long long* partial_rows)
 {
-    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform, and no rows)
     const long long e = w0 + lane;
@@ -252,43 +333,11 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     }
     const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
     const bool candidate = live && bits != KD_INF_BITS;
-    bool run_head;
-    const unsigned long long m =
-        kd_warp_segmented_min(candidate ? bits : KD_NO_INDEX, seg, run_head);
-    const unsigned heads = __ballot_sync(full, run_head);
-    // each lane's run: from the last head at or below it to the next head
-    const unsigned run_min_lane = 31 - __clz(heads & ((2u << lane) - 1u));
-    const unsigned long long run_min = __shfl_sync(full, m, run_min_lane);  // (every lane)
-    const bool at_min = candidate && bits == run_min;
-    const unsigned at = __ballot_sync(full, at_min);
-    const unsigned later = heads & ~((2u << lane) - 1u);
-    const int next = later ? __ffs(later) - 1 : 32;  // (a head's run: [lane, next))
-    const unsigned run = (next == 32 ? full : (1u << next) - 1u) & ~((1u << lane) - 1u);
-    const unsigned long long best =
-        at & run ? (unsigned long long)(w0 + __ffs(at & run) - 1) : KD_NO_INDEX;
     const long long end = w0 + 32 < a.num_events ? w0 + 32 : a.num_events;
-    const bool mine = run_head && live;
-    const bool from_before = mine && lane == 0 && a.seg_event_offset[seg] < w0;
-    const bool on_after = mine && !from_before && w0 + next >= end
-                          && a.seg_event_offset[seg + 1] > end;
-    if (mine && !from_before && !on_after) {
-        a.seg_min_cost[seg] = m == KD_NO_INDEX ? KD_INF_BITS : m;
-        a.seg_best[seg] = best;
-    }
-    const bool part = (from_before || on_after) && m != KD_NO_INDEX;
-    if (part && m < a.seg_min_cost[seg]) atomicMin(a.seg_min_cost + seg, m);
     // rows 2w (the first run's part) and 2w + 1 (the last one's), w = w0 / 32
-    unsigned long long* rows = partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5);
-    const unsigned last_part = __ballot_sync(full, part && on_after);
-    if (part) {
-        unsigned long long* row = rows + KD_ARGMIN_ROW * (on_after ? 1 : 0);
-        row[0] = (unsigned long long)seg;
-        row[1] = m;
-        row[2] = best;
-    }
-    // (lane 0's run may be the last one's part: then row 2w holds none)
-    if (lane == 0 && !(part && from_before)) rows[0] = KD_NO_INDEX;
-    if (lane == 1 && !last_part) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+    kd_warp_argmin(a, seg, live, candidate, bits, w0, end, (int)(end - w0),
+                   [&](int src) { return (unsigned long long)(w0 + src); },
+                   partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5));
 }
 
 // After kd_split_cost_warp: a partial row's index is its segment's arg-min

@@ -43,6 +43,14 @@ def _clip_kernel(name):
     return get_function(_CLIP_SOURCE, name)
 
 
+def _candidate_kernel(name):
+    return get_function("cost_candidates.cu", name)
+
+
+def _scan_kernel(name):
+    return get_function("primitives.cu", name)
+
+
 _NULL = np.uint64(0)  # a null pointer argument
 
 
@@ -55,7 +63,7 @@ def _or_null(a):
 class OpenCloseScan:
     """The exclusive scan of a level's packed (opens, closes) counts (E + 1 items):
     small levels' whole (``ex``, int64; ``kd_small_event_scan``), the others'
-    chunked by scan tiles (``kd_open_close_local``): each item's counts since
+    chunked by scan tiles (``kd_cost_prepass``): each item's counts since
     its tile began (``local``, 16 bits each) plus its tile's ``tile_prefix``
     (``KdPackedScan`` in ``cuda/scan.cuh``). The absent form's arrays are None.
     """
@@ -140,27 +148,48 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
     seg_best = cp.empty(3 * n, dtype=np.uint64)
     kind, e = events.event_kind, i64(num_events)
-    if small:
-        open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
-        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
-               (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
-    else:
-        # the flags are derived from the kinds as the scan loads them (none
-        # stored); each tile's counts are stored as it sums them (no third pass)
-        local = cp.empty(num_events + 1, dtype=np.uint32)
-        tile_prefix = tile_scan(cp, num_events + 1,
-                                (_kernel("kd_open_close_local"),
-                                 lambda tile: (kind, e, i64(3 * n), local, tile, seg_min_cost,
-                                               seg_best)),
-                                None, "compute_split_costs: scan")
-        open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
     warps = -(-num_events // 32)
     partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
-    launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-           _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                      event_side, seg_min_cost, seg_best, partial))
+    if small:
+        open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
+        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
+               (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
+        launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
+               _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
+                          event_side, seg_min_cost, seg_best, partial))
+        return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
+    # The candidates only (cuda/cost_candidates.cu): a pass over the tiles
+    # scans the open/close counts (stored chunked) and flags the candidate
+    # planes, their indices are compacted, and the cost pass runs a lane each.
+    local = cp.empty(num_events + 1, dtype=np.uint32)
+    chunks = max(1, warps)
+    cand_mask, chunk_cand = cp.empty(chunks, dtype=np.uint32), cp.empty(chunks, dtype=np.uint32)
+    tiles = -(-(num_events + 1) // enc.SCAN_TILE)
+    cand_tile = cp.empty(tiles + 1, dtype=np.int64)
+    halves = _halves(event_cost) if event_cost is not None else (None, None)
+    node_args = (nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
+                 i64(n), e, i64(cfg.leaf_size), np.int32(level_active),
+                 np.int32(cfg.axes == "longest"))
+    tile_prefix = tile_scan(
+        cp, num_events + 1,
+        (_candidate_kernel("kd_cost_prepass"),
+         lambda tile: (kind, events.event_pos, _or_null(events.event_seg), events.event_ref,
+                       refs.ref_node, *node_args, local, tile, cand_mask, chunk_cand, cand_tile,
+                       seg_min_cost, seg_best, *map(_or_null, halves))),
+        None, "compute_split_costs: scan")
+    open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
+    launch("compute_split_costs: candidates: tile prefix", _scan_kernel("kd_scan_tile_prefix"),
+           enc.SCAN_BLOCK, (cand_tile, i64(tiles + 1)), block=enc.SCAN_BLOCK)
+    cand = cp.empty(max(1, num_events), dtype=np.uint32)  # (at most one an event)
+    launch("compute_split_costs: candidates", _candidate_kernel("kd_compact_candidates"),
+           num_events, (cand_mask, chunk_cand, cand_tile, e, cand))
+    args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
+                           event_side, seg_min_cost, seg_best, partial))
+    del args[4]  # (the whole scan's pointer: this pass reads the chunked one)
+    launch("compute_split_costs: costs", _candidate_kernel("kd_split_costs_candidates"),
+           num_events, (*args, cand, cand_tile, i64(tiles)))
     return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
 
 

@@ -1,0 +1,181 @@
+// The split-cost stage of the levels run one launch per stage, over the
+// candidate planes only (kdtree_gpu/builder/gpu/level_stages.py's
+// compute_split_costs_gpu; rules R4-R8, the NumPy twin compute_split_costs in
+// kdtree_gpu/builder/stages.py).
+//
+// Why: one cost pass over every event (kd_split_costs) spent most of a warp's
+// instructions on lanes that were no candidate. In the 9th staged level of a
+// 5.5M-triangle build (H100, ncu), 46% of warps held no candidate, the others
+// 5 of 32 on average, and the warp's arg-min took 190 of its 450 instructions.
+// So: a pass over the tiles flags the candidates (a run head in a node that
+// may split, strictly inside its box) as it scans the open/close counts; their
+// indices are compacted, in event order; the cost pass then runs a lane per
+// candidate, and its warps' arg-min (kd_warp_argmin) sees candidates only.
+#include "build_stages.cuh"
+
+// Pass 1, one block a tile of KD_SCAN_TILE items, warp-striped as
+// kd_block_scan_flags_local: the open/close scan of the tile's items (item i is
+// event i - 1's flags: KdLoadOpenClose), 16-bit counts since the tile began,
+// into oc_local, and the tile's sum into oc_tile; the candidate flags of the
+// tile's events as one mask per chunk of 32 events (cand_mask), the candidates
+// before each chunk within its tile (chunk_cand) and the tile's count
+// (cand_tile; slot gridDim.x is zeroed: the prefix scan's total lands there).
+// Also resets each segment's minimum cost and arg-min, and, for the tests
+// (event_cost_hi not null), stores +inf as the cost of every event that is no
+// candidate.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restrict__ event_pos,
+                const int* __restrict__ event_seg, const int* __restrict__ event_ref,
+                const int* __restrict__ ref_node, const long long* __restrict__ seg_event_offset,
+                const long long* __restrict__ node_ref_offset,
+                const float* __restrict__ node_lo, const float* __restrict__ node_hi,
+                long long num_nodes, long long num_events, long long leaf_size,
+                int level_active, int longest_only, unsigned int* __restrict__ oc_local,
+                long long* __restrict__ oc_tile, unsigned int* __restrict__ cand_mask,
+                unsigned int* __restrict__ chunk_cand, long long* __restrict__ cand_tile,
+                unsigned long long* __restrict__ seg_min_cost,
+                unsigned long long* __restrict__ seg_best,
+                unsigned int* __restrict__ event_cost_hi,
+                unsigned int* __restrict__ event_cost_lo)
+{
+    const unsigned full = 0xffffffffu;
+    for (long long i = kd_tid(); i < 3 * num_nodes; i += (long long)gridDim.x * blockDim.x) {
+        seg_min_cost[i] = KD_INF_BITS;
+        seg_best[i] = KD_NO_INDEX;
+    }
+    const KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
+                          KdPackedScan(), seg_event_offset, node_ref_offset, node_lo, node_hi,
+                          num_nodes, num_events, leaf_size, level_active, longest_only,
+                          0.0, 0.0, 0.0, {event_cost_hi, event_cost_lo}, nullptr,
+                          seg_min_cost, seg_best};
+    const int lane = threadIdx.x & 31;
+    const long long tile = (long long)blockIdx.x * KD_SCAN_TILE;
+    const long long items = num_events + 1;
+    // lane l of warp w holds items base + 32 j: chunk (tile / 32) + 8 w + j
+    const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
+    const long long chunk0 = (tile >> 5) + (long long)(threadIdx.x >> 5) * KD_SCAN_ITEMS;
+    const KdLoadOpenClose load = {event_kind};
+    unsigned int v[KD_SCAN_ITEMS], mask[KD_SCAN_ITEMS];
+    unsigned int sum = 0, cands = 0;
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        const long long i = base + 32 * j;
+        v[j] = i < items ? kd_lr16(load(i)) : 0u;
+        sum += v[j];
+        bool cand = false;
+        if (i < num_events) {
+            int node, axis;
+            const int seg = a.event_seg.of(i, node, axis);
+            cand = kd_event_candidate(a, i, node, axis, kd_event_plane(a, i, seg, node, axis));
+            if (event_cost_hi && !cand)
+                a.event_cost.store(i, __longlong_as_double((long long)KD_INF_BITS));
+        }
+        mask[j] = __ballot_sync(full, cand);
+        cands += __popc(mask[j]);
+    }
+    // one block scan for both: the open/close counts (two 16-bit halves) in the
+    // low word, the warp's candidates (lane 0's only) in the high word
+    long long total;
+    const unsigned long long prefix = kd_block_warp_prefix<KD_SCAN_BLOCK>(
+        (unsigned long long)sum + (lane == 0 ? (unsigned long long)cands << 32 : 0ull), &total);
+    kd_warp_scan_rounds(v, base, items, (unsigned int)prefix,
+                        [&](int, long long i, unsigned int value) { oc_local[i] = value; });
+    const long long num_chunks = (num_events + 31) >> 5;
+    unsigned int before = (unsigned int)(prefix >> 32);
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
+        const long long k = chunk0 + j;
+        if (lane == 0 && k < num_chunks) {
+            cand_mask[k] = mask[j];
+            chunk_cand[k] = before;
+        }
+        before += __popc(mask[j]);
+    }
+    if (threadIdx.x == 0) {
+        oc_tile[blockIdx.x] = kd_lr64((unsigned int)total);
+        cand_tile[blockIdx.x] = (long long)((unsigned long long)total >> 32);
+        if (blockIdx.x == 0) cand_tile[gridDim.x] = 0;
+    }
+}
+
+// Pass 2, a thread an event: each candidate's index at its place in the
+// compacted list (cand_tile: the tiles' exclusive prefixes, kd_scan_tile_prefix).
+extern "C" __global__ void kd_compact_candidates(const unsigned int* __restrict__ cand_mask,
+                                                 const unsigned int* __restrict__ chunk_cand,
+                                                 const long long* __restrict__ cand_tile,
+                                                 long long num_events,
+                                                 unsigned int* __restrict__ cand)
+{
+    const long long e = kd_tid();
+    if (e >= num_events) return;
+    const unsigned int m = cand_mask[e >> 5];
+    const int l = (int)(e & 31);
+    if (!((m >> l) & 1u)) return;
+    cand[cand_tile[e / KD_SCAN_TILE] + chunk_cand[e >> 5] + __popc(m & ((1u << l) - 1u))] =
+        (unsigned int)e;
+}
+
+// Pass 3, a lane a candidate (launched with a thread an event; cand_tile[num_tiles]
+// is the number of candidates): each candidate's cost and side, and each
+// segment's minimum and arg-min as kd_split_costs leaves them (its partial rows
+// a warp; warps past the candidates leave theirs empty). The open/close scan is
+// pass 1's, chunked by tiles.
+extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
+kd_split_costs_candidates(const float* __restrict__ event_pos,
+                          const int* __restrict__ event_seg,
+                          const int* __restrict__ event_ref,
+                          const int* __restrict__ ref_node,
+                          const unsigned int* __restrict__ open_close_local,
+                          const long long* __restrict__ open_close_tile,
+                          const long long* __restrict__ seg_event_offset,
+                          const long long* __restrict__ node_ref_offset,
+                          const float* __restrict__ node_lo,
+                          const float* __restrict__ node_hi,
+                          long long num_nodes, long long num_events, long long leaf_size,
+                          int level_active, int longest_only,
+                          double k_traversal, double k_intersect, double empty_bonus,
+                          unsigned int* __restrict__ event_cost_hi,
+                          unsigned int* __restrict__ event_cost_lo,
+                          signed char* __restrict__ event_side,
+                          unsigned long long* seg_min_cost,
+                          unsigned long long* seg_best,
+                          unsigned long long* __restrict__ partial,
+                          const unsigned int* __restrict__ cand,
+                          const long long* __restrict__ cand_tile, long long num_tiles)
+{
+    const unsigned full = 0xffffffffu;
+    const KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
+                          KdPackedScan(open_close_local, open_close_tile, KD_SCAN_TILE),
+                          seg_event_offset, node_ref_offset, node_lo, node_hi, num_nodes,
+                          num_events, leaf_size, level_active, longest_only, k_traversal,
+                          k_intersect, empty_bonus, {event_cost_hi, event_cost_lo}, event_side,
+                          seg_min_cost, seg_best};
+    const int lane = threadIdx.x & 31;
+    const long long w0 = kd_tid() & ~31ll;
+    if (w0 >= num_events) return;  // (the launch's last block: no rows)
+    unsigned long long* rows = partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5);
+    const long long num_cand = cand_tile[num_tiles];
+    if (w0 >= num_cand) {  // (warp-uniform)
+        if (lane == 0) rows[0] = KD_NO_INDEX;
+        if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+        return;
+    }
+    const long long c = w0 + lane;
+    const bool live = c < num_cand;
+    const long long e = live ? (long long)cand[c] : 0;
+    int node = 0, axis = 0, seg = -1;
+    double cost = __longlong_as_double((long long)KD_INF_BITS);
+    if (live) {
+        seg = a.event_seg.of(e, node, axis);
+        signed char side;
+        cost = kd_candidate_cost(a, e, seg, node, axis, kd_event_plane(a, e, seg, node, axis),
+                                 &side);
+        if (a.event_cost.hi) a.event_cost.store(e, cost);
+        event_side[e] = side;
+    }
+    const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    const int num_live = (int)(num_cand - w0 < 32 ? num_cand - w0 : 32);
+    const long long first = __shfl_sync(full, e, 0);
+    const long long end = __shfl_sync(full, e, num_live - 1) + 1;
+    kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
+                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
+                   rows);
+}
