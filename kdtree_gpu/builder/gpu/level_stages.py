@@ -1,4 +1,5 @@
-"""One level with one launch per stage (the kernels of ``cuda/build.cu``).
+"""One level with one launch per stage (the kernels of ``cuda/build.cu``; the
+split-cost stages are :mod:`.level_costs`).
 
 Used for levels too large for the level-loop kernel and on devices without
 cooperative launch: every array has the level's exact size, and one
@@ -25,9 +26,9 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import (compact_indices, inclusive_scan, inclusive_scan_pair, radix_sort,
-                           tile_scan)
-from ..soa import BestSplit, EventSoA, NodeSoA, RefSoA
+from ...primitives import compact_indices, inclusive_scan_pair, radix_sort, tile_scan
+from ..soa import EventSoA, NodeSoA, RefSoA
+from .level_costs import compute_split_costs_gpu, or_null, select_best_splits_gpu
 from .workspace import pooled
 
 _SOURCE = "build.cu"
@@ -41,217 +42,6 @@ def _kernel(name):
 
 def _clip_kernel(name):
     return get_function(_CLIP_SOURCE, name)
-
-
-def _candidate_kernel(name):
-    return get_function("cost_candidates.cu", name)
-
-
-def _scan_kernel(name):
-    return get_function("primitives.cu", name)
-
-
-_NULL = np.uint64(0)  # a null pointer argument
-
-
-def _or_null(a):
-    """``a``, or a null pointer for ``None`` (an absent field: events without segments)."""
-    return _NULL if a is None else a
-
-
-@dataclasses.dataclass
-class OpenCloseScan:
-    """The exclusive scan of a level's packed (opens, closes) counts (E + 1 items):
-    small levels' whole (``ex``, int64; ``kd_small_event_scan``), the others'
-    chunked by scan tiles (``kd_cost_prepass``): each item's counts since
-    its tile began (``local``, 16 bits each) plus its tile's ``tile_prefix``
-    (``KdPackedScan`` in ``cuda/scan.cuh``). The absent form's arrays are None.
-    """
-
-    ex: object = None
-    local: object = None
-    tile_prefix: object = None
-
-    def args(self) -> tuple:
-        """The cost pass's three pointers (null where absent)."""
-        return _or_null(self.ex), _or_null(self.local), _or_null(self.tile_prefix)
-
-    def get(self):
-        """The whole scan on the host (int64; the tests')."""
-        if self.ex is not None:
-            return self.ex.get()
-        local = self.local.get().astype(np.int64)
-        tile = np.repeat(self.tile_prefix.get(), enc.SCAN_TILE)[:local.size]
-        return tile + ((local >> 16) << 32) + (local & 0xFFFF)
-
-
-@dataclasses.dataclass
-class SplitCosts:
-    """What :func:`compute_split_costs_gpu` leaves for :func:`select_best_splits_gpu`.
-
-    Attributes
-    ----------
-    open_close : OpenCloseScan
-        Exclusive scan of the packed (opens, closes) counts.
-    event_side : (E,) int8
-    seg_min_cost : (3n,) uint64
-        Cost bits of each segment's minimum.
-    seg_best : (3n,) uint64
-        Each segment's lowest event index at its minimum, but for the
-        segments that reach past a warp's events in the cost pass: ``partial``
-        holds theirs.
-    partial : (ARGMIN_ROWS_PER_WARP * warps, ARGMIN_ROW) uint64
-        The warps' partial arg-mins (segment, minimum, index;
-        ``kd_split_cost_warp``; ``encoding``).
-    event_cost : (2E,) uint32 or None
-        Each event's float64 cost as two 32-bit halves (the high words, then
-        the low words; :func:`event_costs` reads them back), only when asked
-        for (``store_costs``: the tests compare them with the NumPy twin's).
-    """
-
-    open_close: OpenCloseScan
-    event_side: object
-    seg_min_cost: object
-    seg_best: object
-    partial: object
-    event_cost: object = None
-
-
-def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, event_side,
-               seg_min_cost, seg_best, partial) -> tuple:
-    """The arguments of ``kd_split_costs``; ``None`` arrays are null pointers (not stored)."""
-    halves = _halves(event_cost) if event_cost is not None else (None, None)
-    return (events.event_pos, _or_null(events.event_seg), events.event_ref, refs.ref_node,
-            *open_close.args(), nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
-            nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
-            np.int32(level_active), np.int32(cfg.axes == "longest"), f64(cfg.k_traversal),
-            f64(cfg.k_intersect), f64(cfg.empty_bonus), *map(_or_null, halves),
-            _or_null(event_side), seg_min_cost, seg_best, partial)
-
-
-def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
-                            store_costs=False) -> SplitCosts:
-    """R5-R7, and R8's arg-min: the cost of every candidate plane (``inf``
-    elsewhere), each segment's minimum cost and its lowest event index at
-    that minimum.
-
-    The events' segments are read from ``events.event_seg``, or, where it is
-    ``None`` (a level the level loop hands over; :func:`staged_segments`),
-    derived from each event's place and its reference's node
-    (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
-    warp of the pass finds the arg-min of the segments inside its 32 events
-    and leaves a partial one for the (at most two) segments that reach past
-    them, which :func:`select_best_splits_gpu` completes. The open/close
-    flags are derived from the kinds as their scan loads them.
-    """
-    n, num_events = nodes.size, events.size
-    seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
-    seg_best = cp.empty(3 * n, dtype=np.uint64)
-    kind, e = events.event_kind, i64(num_events)
-    event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
-    event_side = cp.empty(num_events, dtype=np.int8)
-    warps = -(-num_events // 32)
-    partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
-    if small:
-        open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
-        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
-               (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
-        launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
-               _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                          event_side, seg_min_cost, seg_best, partial))
-        return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
-    # The candidates only (cuda/cost_candidates.cu): a pass over the tiles
-    # scans the open/close counts (stored chunked) and flags the candidate
-    # planes, their indices are compacted, and the cost pass runs a lane each.
-    local = cp.empty(num_events + 1, dtype=np.uint32)
-    chunks = max(1, warps)
-    cand_mask, chunk_cand = cp.empty(chunks, dtype=np.uint32), cp.empty(chunks, dtype=np.uint32)
-    tiles = -(-(num_events + 1) // enc.SCAN_TILE)
-    cand_tile = cp.empty(tiles + 1, dtype=np.int64)
-    halves = _halves(event_cost) if event_cost is not None else (None, None)
-    node_args = (nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-                 i64(n), e, i64(cfg.leaf_size), np.int32(level_active),
-                 np.int32(cfg.axes == "longest"))
-    tile_prefix = tile_scan(
-        cp, num_events + 1,
-        (_candidate_kernel("kd_cost_prepass"),
-         lambda tile: (kind, events.event_pos, _or_null(events.event_seg), events.event_ref,
-                       refs.ref_node, *node_args, local, tile, cand_mask, chunk_cand, cand_tile,
-                       seg_min_cost, seg_best, *map(_or_null, halves))),
-        None, "compute_split_costs: scan")
-    open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
-    launch("compute_split_costs: candidates: tile prefix", _scan_kernel("kd_scan_tile_prefix"),
-           enc.SCAN_BLOCK, (cand_tile, i64(tiles + 1)), block=enc.SCAN_BLOCK)
-    cand = cp.empty(max(1, num_events), dtype=np.uint32)  # (at most one an event)
-    launch("compute_split_costs: candidates", _candidate_kernel("kd_compact_candidates"),
-           num_events, (cand_mask, chunk_cand, cand_tile, e, cand))
-    args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                           event_side, seg_min_cost, seg_best, partial))
-    del args[4]  # (the whole scan's pointer: this pass reads the chunked one)
-    launch("compute_split_costs: costs", _candidate_kernel("kd_split_costs_candidates"),
-           num_events, (*args, cand, cand_tile, i64(tiles)))
-    return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
-
-
-def _halves(event_cost) -> tuple:
-    """The high and the low words of :func:`compute_split_costs_gpu`'s costs (views)."""
-    num_events = event_cost.size // 2
-    return event_cost[:num_events], event_cost[num_events:]
-
-
-def event_costs(event_cost):
-    """The float64 costs of :func:`compute_split_costs_gpu`'s halves (a new array)."""
-    hi, lo = _halves(event_cost)
-    return ((hi.astype(np.uint64) << np.uint64(32)) | lo).view(np.float64)
-
-
-def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, small_refs=0):
-    """R8 and R4: each segment's lowest-index minimum, each node's best plane,
-    whether it splits, and the scan of the (split, leaf references) pairs.
-
-    Parameters
-    ----------
-    costs : SplitCosts
-        From :func:`compute_split_costs_gpu` on the same level.
-    small_refs : int
-        A node to split of at most this many references is deferred
-        (``kd_defer_small``): a leaf here, ``best.node_axis`` is
-        ``encoding.SMALL_DEFERRED_AXIS``, its record is written by
-        :func:`defer_records_gpu`. 0: none is.
-
-    Returns
-    -------
-    best : BestSplit
-    node_split : (n,) bool
-    split_leaf_ex : (n + 1,) int64
-        Inclusive scan of (split | leaf references << 32) after a leading 0.
-    """
-    n = nodes.size
-    # the arg-min of the segments that reach past a warp's events in the cost pass
-    # (lowest index = lowest position: R8's tie-break)
-    launch("select_best_splits: partial arg-mins", _kernel("kd_argmin_partials"),
-           costs.partial.shape[0], (costs.partial, i64(costs.partial.shape[0]),
-                                    costs.seg_min_cost, costs.seg_best))
-    best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
-                     node_axis=cp.empty(n, dtype=np.int8),
-                     node_pos=cp.empty(n, dtype=np.float32),
-                     node_side=cp.empty(n, dtype=np.int8))
-    node_split = cp.empty(n, dtype=bool)
-    split_leaf = cp.empty(n + 1, dtype=np.int64)
-    # (the best events' costs are their segments' minima)
-    select_args = (costs.seg_best, events.event_pos,
-                   costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
-                   np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
-                   best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost,
-                   i64(small_refs))
-    if small:
-        split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
-        launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
-               select_args + (split_leaf_ex,))
-    else:
-        launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
-        split_leaf_ex = inclusive_scan(split_leaf, description="decide_leaves: scan")
-    return best, node_split, split_leaf_ex
 
 
 def defer_records_gpu(cp, state, best, nodes, split_leaf_ex, level_base, leaf_ref_base):
@@ -395,7 +185,7 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts_heads"), 4 * n,
-               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, _NULL,
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, or_null(None),
                 node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
                 tile_prefix, head_local, seg_start))
         child_ref_offset, child_event_offset = inclusive_scan_pair(
@@ -454,10 +244,10 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         kernel, scan = _kernel("kd_scatter"), (event_scan,)
     launch("split_refs_and_events", kernel, max(refs.size, events.size),
            (*refs.args(), ref_class, ref_lr_ex, nodes.node_ref_offset,
-            split_leaf_ex, child_ref_offset, *map(_or_null, events.args()), *scan,
+            split_leaf_ex, child_ref_offset, *map(or_null, events.args()), *scan,
             nodes.seg_event_offset, child_event_offset, i64(nodes.size), i64(refs.size),
             i64(events.size), i64(leaf_ref_base), leaf_tris, *child_refs.args(),
-            *map(_or_null, child_events.args()), np.int32(clip)))
+            *map(or_null, child_events.args()), np.int32(clip)))
     return child_refs, child_events
 
 

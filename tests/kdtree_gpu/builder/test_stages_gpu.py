@@ -17,11 +17,11 @@ import pytest
 
 from kdtree_gpu import SAHConfig
 from kdtree_gpu import encoding as enc
+from kdtree_gpu.builder.gpu.level_costs import (compute_split_costs_gpu, event_costs,
+                                                select_best_splits_gpu)
 from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_straddling_gpu,
-                                                 compute_split_costs_gpu, emit_level_gpu,
-                                                 event_costs, reference_boxes_gpu,
+                                                 emit_level_gpu, reference_boxes_gpu,
                                                  route_to_children_gpu,
-                                                 select_best_splits_gpu,
                                                  split_refs_and_events_gpu)
 from kdtree_gpu.builder.gpu.output import TreeOutput
 from kdtree_gpu.builder.gpu.root import create_root_events_cuda
