@@ -167,7 +167,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
            enc.SCAN_BLOCK, (cand_tile, i64(tiles + 1)), block=enc.SCAN_BLOCK)
     cand = cp.empty(max(1, num_events), dtype=np.uint32)  # (at most one an event)
     launch("compute_split_costs: candidates", _candidate_kernel("kd_compact_candidates"),
-           num_events, (cand_mask, chunk_cand, cand_tile, e, cand))
+           (num_events + 31) // 32, (cand_mask, chunk_cand, cand_tile, e, cand))
     args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
                            event_side, seg_min_cost, seg_best, partial))
     del args[4]  # (the whole scan's pointer: this pass reads the chunked one)
