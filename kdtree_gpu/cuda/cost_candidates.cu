@@ -8,19 +8,19 @@
 // 5.5M-triangle build (H100, ncu), 46% of warps held no candidate, the others
 // 5 of 32 on average, and the warp's arg-min took 190 of its 450 instructions.
 // So: a pass over the tiles flags the candidates (a run head in a node that
-// may split, strictly inside its box) as it scans the open/close counts; their
-// indices are compacted, in event order; the cost pass then runs a lane per
-// candidate, and its warps' arg-min (kd_warp_argmin) sees candidates only.
+// may split, strictly inside its box) as it scans the open/close counts, a
+// mask per 32 events; the cost pass then runs a block a tile, lists the
+// tile's candidates in shared memory from its masks, in event order, and runs
+// a lane per candidate: its warps' arg-min (kd_warp_argmin) sees candidates
+// only. (A list in device memory took 4 more bytes an event and two launches,
+// 1.7 ms of a 5.5M-triangle build on an H100.)
 #include "build_stages.cuh"
 
 // Pass 1, one block a tile of KD_SCAN_TILE items, warp-striped as
 // kd_block_scan_flags_local: the open/close scan of the tile's items (item i is
 // event i - 1's flags: KdLoadOpenClose), 16-bit counts since the tile began,
 // into oc_local, and the tile's sum into oc_tile; the candidate flags of the
-// tile's events as one mask per chunk of 32 events (cand_mask), the candidates
-// before each chunk within its tile (chunk_cand) and the tile's count
-// (cand_tile; slot gridDim.x is zeroed: the prefix scan's total lands there).
-// Also resets each segment's minimum cost and arg-min, and, for the tests
+// tile's events as one mask per chunk of 32 events (cand_mask). Also resets each segment's minimum cost and arg-min, and, for the tests
 // (event_cost_hi not null), stores +inf as the cost of every event that is no
 // candidate.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
@@ -32,7 +32,6 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
                 long long num_nodes, long long num_events, long long leaf_size,
                 int level_active, int longest_only, unsigned int* __restrict__ oc_local,
                 long long* __restrict__ oc_tile, unsigned int* __restrict__ cand_mask,
-                unsigned int* __restrict__ chunk_cand, long long* __restrict__ cand_tile,
                 unsigned long long* __restrict__ seg_min_cost,
                 unsigned long long* __restrict__ seg_best,
                 unsigned int* __restrict__ event_cost_hi,
@@ -51,7 +50,7 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     const int lane = threadIdx.x & 31;
     const long long tile = (long long)blockIdx.x * KD_SCAN_TILE;
     const long long items = num_events + 1;
-    // lane l of warp w holds items base + 32 j: chunk (tile / 32) + 8 w + j
+    // lane l of warp w holds items base + 32 j: chunk (tile / 32) + KD_SCAN_ITEMS w + j
     const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     const long long chunk0 = (tile >> 5) + (long long)(threadIdx.x >> 5) * KD_SCAN_ITEMS;
     const KdLoadOpenClose load = {event_kind};
@@ -60,7 +59,7 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     // gathers from starting before item j's test is done.
     unsigned int v[KD_SCAN_ITEMS], mask[KD_SCAN_ITEMS];
     bool cand[KD_SCAN_ITEMS];
-    unsigned int sum = 0, cands = 0;
+    unsigned int sum = 0;
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
         const long long i = base + 32 * j;
         v[j] = i < items ? kd_lr16(load(i)) : 0u;
@@ -74,59 +73,56 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     }
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
         mask[j] = __ballot_sync(full, cand[j]);
-        cands += __popc(mask[j]);
         const long long i = base + 32 * j;
         if (event_cost_hi && i < num_events && !cand[j])
             a.event_cost.store(i, __longlong_as_double((long long)KD_INF_BITS));
     }
-    // one block scan for both: the open/close counts (two 16-bit halves) in the
-    // low word, the warp's candidates (lane 0's only) in the high word
     long long total;
-    const unsigned long long prefix = kd_block_warp_prefix<KD_SCAN_BLOCK>(
-        (unsigned long long)sum + (lane == 0 ? (unsigned long long)cands << 32 : 0ull), &total);
-    kd_warp_scan_rounds(v, base, items, (unsigned int)prefix,
+    const unsigned int prefix = kd_block_warp_prefix<KD_SCAN_BLOCK>(sum, &total);
+    kd_warp_scan_rounds(v, base, items, prefix,
                         [&](int, long long i, unsigned int value) { oc_local[i] = value; });
     const long long num_chunks = (num_events + 31) >> 5;
-    unsigned int before = (unsigned int)(prefix >> 32);
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        const long long k = chunk0 + j;
-        if (lane == 0 && k < num_chunks) {
-            cand_mask[k] = mask[j];
-            chunk_cand[k] = before;
-        }
-        before += __popc(mask[j]);
-    }
-    if (threadIdx.x == 0) {
-        oc_tile[blockIdx.x] = kd_lr64((unsigned int)total);
-        cand_tile[blockIdx.x] = (long long)((unsigned long long)total >> 32);
-        if (blockIdx.x == 0) cand_tile[gridDim.x] = 0;
-    }
+    for (int j = 0; j < KD_SCAN_ITEMS; ++j)
+        if (lane == 0 && chunk0 + j < num_chunks) cand_mask[chunk0 + j] = mask[j];
+    if (threadIdx.x == 0) oc_tile[blockIdx.x] = kd_lr64((unsigned int)total);
 }
 
-// Pass 2, a thread a chunk of 32 events: the chunk's candidates' indices at
-// their places in the compacted list (cand_tile: the tiles' exclusive prefixes,
-// kd_scan_tile_prefix), in event order. (A thread an event was 2.9 ms of a
-// 5.5M-triangle build on an H100: 32 times the threads for ~8% candidates.)
-extern "C" __global__ void kd_compact_candidates(const unsigned int* __restrict__ cand_mask,
-                                                 const unsigned int* __restrict__ chunk_cand,
-                                                 const long long* __restrict__ cand_tile,
-                                                 long long num_events,
-                                                 unsigned int* __restrict__ cand)
+// One lane of a cost warp over candidates (every lane calls it): the warp's
+// num_live candidates are events e0 + list[0 .. num_live), in event order.
+__device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long e0,
+                                                  const unsigned short* list, int num_live,
+                                                  unsigned long long* rows)
 {
-    const long long k = kd_tid();
-    if (k >= (num_events + 31) >> 5) return;
-    unsigned int m = cand_mask[k];
-    if (!m) return;
-    unsigned int* out = cand + cand_tile[(k << 5) / KD_SCAN_TILE] + chunk_cand[k];
-    for (; m; m &= m - 1u) *out++ = (unsigned int)((k << 5) + __ffs(m) - 1);
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const bool live = lane < num_live;
+    const long long e = e0 + list[live ? lane : 0];
+    int node = 0, axis = 0, seg = -1;
+    double cost = __longlong_as_double((long long)KD_INF_BITS);
+    if (live) {
+        seg = a.event_seg.of(e, node, axis);
+        signed char side;
+        cost = kd_candidate_cost(a, e, seg, node, axis, kd_event_plane(a, e, seg, node, axis),
+                                 &side);
+        if (a.event_cost.hi) a.event_cost.store(e, cost);
+        a.event_side[e] = side;
+    }
+    const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    const long long first = __shfl_sync(full, e, 0);
+    const long long end = __shfl_sync(full, e, num_live - 1) + 1;
+    kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
+                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
+                   rows);
 }
 
-// Pass 3, a lane a candidate (launched with a thread an event; cand_tile[num_tiles]
-// is the number of candidates): each candidate's cost and side, and each
-// segment's minimum and arg-min as kd_split_costs leaves them (its partial rows
-// a warp; warps past the candidates leave theirs empty). The open/close scan is
-// pass 1's, chunked by tiles.
-extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
+// Pass 2, a block of KD_SCAN_BLOCK threads a tile of KD_SCAN_TILE events: the
+// tile's candidates listed from pass 1's masks (their offsets in the tile, in
+// shared memory), then a lane a candidate: each candidate's cost and side, and
+// each segment's minimum and arg-min as kd_split_costs leaves them. The tile's
+// q-th 32 candidates have the partial rows of its q-th chunk of 32 events (a
+// tile has no more candidates than events); chunks past its candidates leave
+// theirs empty. The open/close scan is pass 1's, chunked by tiles.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK, 6)
 kd_split_costs_candidates(const float* __restrict__ event_pos,
                           const int* __restrict__ event_seg,
                           const int* __restrict__ event_ref,
@@ -146,9 +142,13 @@ kd_split_costs_candidates(const float* __restrict__ event_pos,
                           unsigned long long* seg_min_cost,
                           unsigned long long* seg_best,
                           unsigned long long* __restrict__ partial,
-                          const unsigned int* __restrict__ cand,
-                          const long long* __restrict__ cand_tile, long long num_tiles)
+                          const unsigned int* __restrict__ cand_mask)
 {
+    constexpr int CHUNKS = KD_SCAN_TILE / 32;
+    static_assert(CHUNKS == 64 && KD_SCAN_BLOCK >= CHUNKS, "warp 0 scans two masks a lane");
+    __shared__ unsigned int s_mask[CHUNKS];
+    __shared__ int s_before[CHUNKS + 1];
+    __shared__ unsigned short s_cand[KD_SCAN_TILE];
     const unsigned full = 0xffffffffu;
     const KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
                           KdPackedScan(open_close_local, open_close_tile, KD_SCAN_TILE),
@@ -157,33 +157,41 @@ kd_split_costs_candidates(const float* __restrict__ event_pos,
                           k_intersect, empty_bonus, {event_cost_hi, event_cost_lo}, event_side,
                           seg_min_cost, seg_best};
     const int lane = threadIdx.x & 31;
-    const long long w0 = kd_tid() & ~31ll;
-    if (w0 >= num_events) return;  // (the launch's last block: no rows)
-    unsigned long long* rows = partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5);
-    const long long num_cand = cand_tile[num_tiles];
-    if (w0 >= num_cand) {  // (warp-uniform)
-        if (lane == 0) rows[0] = KD_NO_INDEX;
-        if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
-        return;
+    const long long e0 = (long long)blockIdx.x * KD_SCAN_TILE;
+    const long long k0 = (long long)blockIdx.x * CHUNKS;
+    const long long rest = ((num_events + 31) >> 5) - k0;
+    const int tile_chunks = rest < CHUNKS ? (int)rest : CHUNKS;
+    if (threadIdx.x < 32) {  // the candidates before each chunk: lane l's are 2l and 2l + 1
+        const unsigned m0 = 2 * lane < tile_chunks ? cand_mask[k0 + 2 * lane] : 0u;
+        const unsigned m1 = 2 * lane + 1 < tile_chunks ? cand_mask[k0 + 2 * lane + 1] : 0u;
+        int x = __popc(m0) + __popc(m1);
+        for (int o = 1; o < 32; o <<= 1) {
+            const int y = __shfl_up_sync(full, x, o);
+            if (lane >= o) x += y;
+        }
+        const int before = x - __popc(m0) - __popc(m1);
+        s_mask[2 * lane] = m0;
+        s_mask[2 * lane + 1] = m1;
+        s_before[2 * lane] = before;
+        s_before[2 * lane + 1] = before + __popc(m0);
+        if (lane == 31) s_before[CHUNKS] = x;
     }
-    const long long c = w0 + lane;
-    const bool live = c < num_cand;
-    const long long e = live ? (long long)cand[c] : 0;
-    int node = 0, axis = 0, seg = -1;
-    double cost = __longlong_as_double((long long)KD_INF_BITS);
-    if (live) {
-        seg = a.event_seg.of(e, node, axis);
-        signed char side;
-        cost = kd_candidate_cost(a, e, seg, node, axis, kd_event_plane(a, e, seg, node, axis),
-                                 &side);
-        if (a.event_cost.hi) a.event_cost.store(e, cost);
-        event_side[e] = side;
+    __syncthreads();
+    if (threadIdx.x < CHUNKS) {
+        int out = s_before[threadIdx.x];
+        for (unsigned m = s_mask[threadIdx.x]; m; m &= m - 1u)
+            s_cand[out++] = (unsigned short)(threadIdx.x * 32 + __ffs(m) - 1);
     }
-    const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
-    const int num_live = (int)(num_cand - w0 < 32 ? num_cand - w0 : 32);
-    const long long first = __shfl_sync(full, e, 0);
-    const long long end = __shfl_sync(full, e, num_live - 1) + 1;
-    kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
-                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
-                   rows);
+    __syncthreads();
+    const int count = s_before[CHUNKS];
+    for (int q = threadIdx.x >> 5; q < tile_chunks; q += KD_SCAN_BLOCK / 32) {
+        unsigned long long* rows = partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (k0 + q);
+        if (32 * q >= count) {  // (warp-uniform)
+            if (lane == 0) rows[0] = KD_NO_INDEX;
+            if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+            continue;
+        }
+        const int left = count - 32 * q;
+        kd_candidate_lane(a, e0, s_cand + 32 * q, left < 32 ? left : 32, rows);
+    }
 }

@@ -30,10 +30,6 @@ def _candidate_kernel(name):
     return get_function("cost_candidates.cu", name)
 
 
-def _scan_kernel(name):
-    return get_function("primitives.cu", name)
-
-
 _NULL = np.uint64(0)  # a null pointer argument
 
 
@@ -145,12 +141,10 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
         return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
     # The candidates only (cuda/cost_candidates.cu): a pass over the tiles
     # scans the open/close counts (stored chunked) and flags the candidate
-    # planes, their indices are compacted, and the cost pass runs a lane each.
+    # planes, a mask per 32 events; the cost pass lists each tile's candidates
+    # in shared memory and runs a lane each.
     local = cp.empty(num_events + 1, dtype=np.uint32)
-    chunks = max(1, warps)
-    cand_mask, chunk_cand = cp.empty(chunks, dtype=np.uint32), cp.empty(chunks, dtype=np.uint32)
-    tiles = -(-(num_events + 1) // enc.SCAN_TILE)
-    cand_tile = cp.empty(tiles + 1, dtype=np.int64)
+    cand_mask = cp.empty(max(1, warps), dtype=np.uint32)
     halves = _halves(event_cost) if event_cost is not None else (None, None)
     node_args = (nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
                  i64(n), e, i64(cfg.leaf_size), np.int32(level_active),
@@ -159,20 +153,16 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
         cp, num_events + 1,
         (_candidate_kernel("kd_cost_prepass"),
          lambda tile: (kind, events.event_pos, or_null(events.event_seg), events.event_ref,
-                       refs.ref_node, *node_args, local, tile, cand_mask, chunk_cand, cand_tile,
-                       seg_min_cost, seg_best, *map(or_null, halves))),
+                       refs.ref_node, *node_args, local, tile, cand_mask, seg_min_cost,
+                       seg_best, *map(or_null, halves))),
         None, "compute_split_costs: scan")
     open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
-    launch("compute_split_costs: candidates: tile prefix", _scan_kernel("kd_scan_tile_prefix"),
-           enc.SCAN_BLOCK, (cand_tile, i64(tiles + 1)), block=enc.SCAN_BLOCK)
-    cand = cp.empty(max(1, num_events), dtype=np.uint32)  # (at most one an event)
-    launch("compute_split_costs: candidates", _candidate_kernel("kd_compact_candidates"),
-           (num_events + 31) // 32, (cand_mask, chunk_cand, cand_tile, e, cand))
     args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
                            event_side, seg_min_cost, seg_best, partial))
     del args[4]  # (the whole scan's pointer: this pass reads the chunked one)
+    tiles = -(-num_events // enc.SCAN_TILE)
     launch("compute_split_costs: costs", _candidate_kernel("kd_split_costs_candidates"),
-           num_events, (*args, cand, cand_tile, i64(tiles)))
+           tiles * enc.SCAN_BLOCK, (*args, cand_mask), block=enc.SCAN_BLOCK)
     return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
 
 
