@@ -20,9 +20,9 @@
 // kd_block_scan_flags_local: the open/close scan of the tile's items (item i is
 // event i - 1's flags: KdLoadOpenClose), 16-bit counts since the tile began,
 // into oc_local, and the tile's sum into oc_tile; the candidate flags of the
-// tile's events as one mask per chunk of 32 events (cand_mask). Also resets each segment's minimum cost and arg-min, and, for the tests
-// (event_cost_hi not null), stores +inf as the cost of every event that is no
-// candidate.
+// tile's events as one mask per chunk of 32 events (cand_mask). Also resets
+// each segment's minimum cost and arg-min, and, for the tests (event_cost_hi
+// not null), stores +inf as the cost of every event that is no candidate.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restrict__ event_pos,
                 const int* __restrict__ event_seg, const int* __restrict__ event_ref,
@@ -54,9 +54,8 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     const long long chunk0 = (tile >> 5) + (long long)(threadIdx.x >> 5) * KD_SCAN_ITEMS;
     const KdLoadOpenClose load = {event_kind};
-    // The tests' stores come after every item's loads: a store between them
-    // (through pointers the compiler cannot tell apart) would keep item j + 1's
-    // gathers from starting before item j's test is done.
+    // (The tests' stores wait for every item's test. Stores between the items'
+    // gathers might have kept them apart; measured, it made no difference.)
     unsigned int v[KD_SCAN_ITEMS], mask[KD_SCAN_ITEMS];
     bool cand[KD_SCAN_ITEMS];
     unsigned int sum = 0;
