@@ -22,15 +22,16 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 
 // Stage compute_split_costs, part 2, of small levels (the large levels' runs
 // over their candidates only: cost_candidates.cu), with select_best_splits'
-// arg-min: each event's cost and side, each segment's minimum cost into seg_min_cost and
-// its lowest event index at that minimum into seg_best (kd_split_cost_warp:
-// a warp's 32 events at a time; segments reaching past them leave partial
-// rows, KD_ARGMIN_ROWS_PER_WARP a warp, for kd_argmin_partials). event_seg null
-// (levels the loop hands over): segments from the references' nodes. The tests
-// get each cost's halves in event_cost_hi/_lo where not null. The open/close
-// scan: open_close_ex (whole), or open_close_local + open_close_tile.
-// Six blocks a multiprocessor: the pass waits mostly on dependent loads (event
-// -> its segment, or its reference -> node; then the scan), so more warps hide more.
+// arg-min: each event's cost and side, each segment's minimum cost into
+// seg_min_cost and its lowest event index at that minimum into seg_best
+// (kd_split_cost_warp: a warp's 32 events at a time; segments reaching past
+// them leave partial rows, KD_ARGMIN_ROWS_PER_WARP a warp, for
+// kd_argmin_partials). event_seg null (levels the loop hands over): segments
+// from the references' nodes. The tests get each cost's halves in
+// event_cost_hi/_lo where not null. The open/close scan: open_close_ex (whole),
+// or open_close_local + open_close_tile. Six blocks a multiprocessor: the pass
+// waits mostly on dependent loads (event -> its segment, or its reference ->
+// node; then the scan), so more warps hide more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
 kd_split_costs(const float* __restrict__ event_pos,
                const int* __restrict__ event_seg,

@@ -308,9 +308,9 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
 }
 
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
-// its minimum cost) in the same pass, a warp's 32 consecutive events at a
-// time (every lane calls it; lane l takes event w0 + l; kd_warp_argmin). No barrier: the
-// pass waits mostly on dependent loads, and a block-wide version (a block's
+// its minimum cost) in the same pass, a warp's 32 consecutive events at a time
+// (every lane calls it; lane l takes event w0 + l; kd_warp_argmin). No barrier:
+// the pass waits mostly on dependent loads, and a block-wide version (a block's
 // 256 events, shared memory, three __syncthreads) made the cost pass 25%
 // slower. (Two passes over the events, a cost pass and an arg-min pass that
 // computed the near-minima again from stored 32-bit keys, took 29 ms of a
