@@ -119,9 +119,10 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     derived from each event's place and its reference's node
     (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
     warp of the pass finds the arg-min of the segments inside its 32 events
-    and leaves a partial one for the (at most two) segments that reach past
-    them, which :func:`select_best_splits_gpu` completes. The open/close
-    flags are derived from the kinds as their scan loads them.
+    (its 32 candidate planes, where the level is not ``small``) and leaves a
+    partial one for the (at most two) segments that reach past them, which
+    :func:`select_best_splits_gpu` completes. The open/close flags are
+    derived from the kinds as their scan loads them.
     """
     n, num_events = nodes.size, events.size
     seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
