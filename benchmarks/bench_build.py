@@ -131,7 +131,8 @@ def cold_build_ms(spec, mesh_dir):
 
 
 # Bytes each kernel streams per reference and per event (its main loads and
-# stores in cuda/build.cu; gathers that mostly hit the cache are left out).
+# stores in cuda/build.cu and cuda/cost_candidates.cu; gathers that mostly hit
+# the cache are left out).
 # With the element counts of every level this gives the achieved bandwidth of
 # the largest stages, next to the device-to-device copy.
 STAGE_BYTES = {
