@@ -16,37 +16,53 @@
 // 1.7 ms of a 5.5M-triangle build on an H100.)
 #include "build_stages.cuh"
 
+// Pass 0, a thread a segment: what of rules R4-R5 its node and axis decide,
+// as the open interval its candidate planes lie in: its node's box on its
+// axis, or (+inf, -inf) where the node may not split or, with axes="longest",
+// the axis is not its longest. (Pass 1 then gathers 8 bytes a segment instead
+// of the node's box, counts and axis an event.) Also resets each segment's
+// minimum cost and arg-min.
+extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_ref_offset,
+                                             const float* __restrict__ node_lo,
+                                             const float* __restrict__ node_hi,
+                                             long long num_nodes, long long leaf_size,
+                                             int level_active, int longest_only,
+                                             float2* __restrict__ seg_range,
+                                             unsigned long long* __restrict__ seg_min_cost,
+                                             unsigned long long* __restrict__ seg_best)
+{
+    const long long s = kd_tid();
+    if (s >= 3 * num_nodes) return;
+    const int axis = (int)(s / num_nodes);
+    const long long node = s - axis * num_nodes;
+    const bool open = kd_node_active(node_ref_offset[node + 1] - node_ref_offset[node],
+                                     leaf_size, level_active)
+                      && (!longest_only || kd_longest_axis(node_lo, node_hi, node) == axis);
+    seg_range[s] = open ? make_float2(node_lo[3 * node + axis], node_hi[3 * node + axis])
+                        : make_float2(__int_as_float(0x7f800000), __int_as_float(0xff800000));
+    seg_min_cost[s] = KD_INF_BITS;
+    seg_best[s] = KD_NO_INDEX;
+}
+
 // Pass 1, one block a tile of KD_SCAN_TILE items, warp-striped as
 // kd_block_scan_flags_local: the open/close scan of the tile's items (item i is
 // event i - 1's flags: KdLoadOpenClose), 16-bit counts since the tile began,
 // into oc_local, and the tile's sum into oc_tile; the candidate flags of the
-// tile's events as one mask per chunk of 32 events (cand_mask). Also resets
-// each segment's minimum cost and arg-min, and, for the tests (event_cost_hi
-// not null), stores +inf as the cost of every event that is no candidate.
+// tile's events (a run head strictly inside its segment's seg_range: pass 0)
+// as one mask per chunk of 32 events (cand_mask). For the tests (event_cost_hi
+// not null), also stores +inf as the cost of every event that is no candidate.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restrict__ event_pos,
                 const int* __restrict__ event_seg, const int* __restrict__ event_ref,
                 const int* __restrict__ ref_node, const long long* __restrict__ seg_event_offset,
-                const long long* __restrict__ node_ref_offset,
-                const float* __restrict__ node_lo, const float* __restrict__ node_hi,
-                long long num_nodes, long long num_events, long long leaf_size,
-                int level_active, int longest_only, unsigned int* __restrict__ oc_local,
-                long long* __restrict__ oc_tile, unsigned int* __restrict__ cand_mask,
-                unsigned long long* __restrict__ seg_min_cost,
-                unsigned long long* __restrict__ seg_best,
-                unsigned int* __restrict__ event_cost_hi,
+                const float2* __restrict__ seg_range, long long num_nodes, long long num_events,
+                unsigned int* __restrict__ oc_local, long long* __restrict__ oc_tile,
+                unsigned int* __restrict__ cand_mask, unsigned int* __restrict__ event_cost_hi,
                 unsigned int* __restrict__ event_cost_lo)
 {
     const unsigned full = 0xffffffffu;
-    for (long long i = kd_tid(); i < 3 * num_nodes; i += (long long)gridDim.x * blockDim.x) {
-        seg_min_cost[i] = KD_INF_BITS;
-        seg_best[i] = KD_NO_INDEX;
-    }
-    const KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
-                          KdPackedScan(), seg_event_offset, node_ref_offset, node_lo, node_hi,
-                          num_nodes, num_events, leaf_size, level_active, longest_only,
-                          0.0, 0.0, 0.0, {event_cost_hi, event_cost_lo}, nullptr,
-                          seg_min_cost, seg_best};
+    const KdEventSegment segment = {event_seg, event_ref, ref_node, seg_event_offset, num_nodes};
+    const KdEventCosts event_cost = {event_cost_hi, event_cost_lo};
     const int lane = threadIdx.x & 31;
     const long long tile = (long long)blockIdx.x * KD_SCAN_TILE;
     const long long items = num_events + 1;
@@ -54,8 +70,6 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     const long long chunk0 = (tile >> 5) + (long long)(threadIdx.x >> 5) * KD_SCAN_ITEMS;
     const KdLoadOpenClose load = {event_kind};
-    // (The tests' stores wait for every item's test. Stores between the items'
-    // gathers might have kept them apart; measured, it made no difference.)
     unsigned int v[KD_SCAN_ITEMS], mask[KD_SCAN_ITEMS];
     bool cand[KD_SCAN_ITEMS];
     unsigned int sum = 0;
@@ -66,15 +80,19 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
         cand[j] = false;
         if (i < num_events) {
             int node, axis;
-            const int seg = a.event_seg.of(i, node, axis);
-            cand[j] = kd_event_candidate(a, i, node, axis, kd_event_plane(a, i, seg, node, axis));
+            const int s = event_seg ? event_seg[i] : segment.of(i, node, axis);
+            const float p = event_pos[i];
+            const float2 r = seg_range[s];
+            // a run head: it starts its segment's events or follows another position
+            cand[j] = p > r.x && p < r.y
+                      && (i == seg_event_offset[s] || event_pos[i - 1] != p);
         }
     }
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
         mask[j] = __ballot_sync(full, cand[j]);
         const long long i = base + 32 * j;
         if (event_cost_hi && i < num_events && !cand[j])
-            a.event_cost.store(i, __longlong_as_double((long long)KD_INF_BITS));
+            event_cost.store(i, __longlong_as_double((long long)KD_INF_BITS));
     }
     long long total;
     const unsigned int prefix = kd_block_warp_prefix<KD_SCAN_BLOCK>(sum, &total);

@@ -146,16 +146,18 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     # in shared memory and runs a lane each.
     local = cp.empty(num_events + 1, dtype=np.uint32)
     cand_mask = cp.empty(max(1, warps), dtype=np.uint32)
+    seg_range = cp.empty((3 * n, 2), dtype=np.float32)
     halves = _halves(event_cost) if event_cost is not None else (None, None)
-    node_args = (nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo, nodes.node_hi,
-                 i64(n), e, i64(cfg.leaf_size), np.int32(level_active),
-                 np.int32(cfg.axes == "longest"))
+    launch("compute_split_costs: segment ranges", _candidate_kernel("kd_segment_ranges"), 3 * n,
+           (nodes.node_ref_offset, nodes.node_lo, nodes.node_hi, i64(n), i64(cfg.leaf_size),
+            np.int32(level_active), np.int32(cfg.axes == "longest"), seg_range, seg_min_cost,
+            seg_best))
     tile_prefix = tile_scan(
         cp, num_events + 1,
         (_candidate_kernel("kd_cost_prepass"),
          lambda tile: (kind, events.event_pos, or_null(events.event_seg), events.event_ref,
-                       refs.ref_node, *node_args, local, tile, cand_mask, seg_min_cost,
-                       seg_best, *map(or_null, halves))),
+                       refs.ref_node, nodes.seg_event_offset, seg_range, i64(n), e, local, tile,
+                       cand_mask, *map(or_null, halves))),
         None, "compute_split_costs: scan")
     open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
     args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
