@@ -28,18 +28,16 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // them leave partial rows, KD_ARGMIN_ROWS_PER_WARP a warp, for
 // kd_argmin_partials). event_seg null (levels the loop hands over): segments
 // from the references' nodes. The tests get each cost's halves in
-// event_cost_hi/_lo where not null. The open/close scan: open_close_ex (whole),
-// or open_close_local + open_close_tile. Six blocks a multiprocessor: the pass
-// waits mostly on dependent loads (event -> its segment, or its reference ->
-// node; then the scan), so more warps hide more.
+// event_cost_hi/_lo where not null. The open/close scan: open_close_ex, whole.
+// Six blocks a multiprocessor: the pass waits mostly on dependent loads (event
+// -> its segment, or its reference -> node; then the scan), so more warps hide
+// more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
 kd_split_costs(const float* __restrict__ event_pos,
                const int* __restrict__ event_seg,
                const int* __restrict__ event_ref,
                const int* __restrict__ ref_node,
                const long long* __restrict__ open_close_ex,
-               const unsigned int* __restrict__ open_close_local,
-               const long long* __restrict__ open_close_tile,
                const long long* __restrict__ seg_event_offset,
                const long long* __restrict__ node_ref_offset,
                const float* __restrict__ node_lo,
@@ -58,10 +56,7 @@ kd_split_costs(const float* __restrict__ event_pos,
                unsigned long long* seg_best,
                unsigned long long* __restrict__ partial)
 {
-    // chunked by tiles, or whole where not null (small levels'); the chunk a
-    // constant (at run time it cost three 32-bit divisions an event)
-    KdPackedScan open_close(open_close_local, open_close_tile, KD_SCAN_TILE);
-    open_close.whole = open_close_ex;
+    const KdPackedScan open_close(open_close_ex);
     KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
                     open_close, seg_event_offset, node_ref_offset,
                     node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,

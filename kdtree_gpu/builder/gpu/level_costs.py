@@ -52,8 +52,9 @@ class OpenCloseScan:
     tile_prefix: object = None
 
     def args(self) -> tuple:
-        """The cost pass's three pointers (null where absent)."""
-        return or_null(self.ex), or_null(self.local), or_null(self.tile_prefix)
+        """The cost pass's scan arguments: ``(ex,)`` (``kd_split_costs``), or
+        ``(local, tile_prefix)`` (``kd_split_costs_candidates``)."""
+        return (self.ex,) if self.ex is not None else (self.local, self.tile_prefix)
 
     def get(self):
         """The whole scan on the host (int64; the tests')."""
@@ -98,7 +99,8 @@ class SplitCosts:
 
 def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, event_side,
                seg_min_cost, seg_best, partial) -> tuple:
-    """The arguments of ``kd_split_costs``; ``None`` arrays are null pointers (not stored)."""
+    """The arguments of ``kd_split_costs`` (``kd_split_costs_candidates``'s but their last,
+    with a chunked scan); ``None`` arrays are null pointers (not stored)."""
     halves = _halves(event_cost) if event_cost is not None else (None, None)
     return (events.event_pos, or_null(events.event_seg), events.event_ref, refs.ref_node,
             *open_close.args(), nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
@@ -160,9 +162,8 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
                        cand_mask, *map(or_null, halves))),
         None, "compute_split_costs: scan")
     open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
-    args = list(_cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                           event_side, seg_min_cost, seg_best, partial))
-    del args[4]  # (the whole scan's pointer: this pass reads the chunked one)
+    args = _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
+                      event_side, seg_min_cost, seg_best, partial)
     tiles = -(-num_events // enc.SCAN_TILE)
     launch("compute_split_costs: costs", _candidate_kernel("kd_split_costs_candidates"),
            tiles * enc.SCAN_BLOCK, (*args, cand_mask), block=enc.SCAN_BLOCK)
