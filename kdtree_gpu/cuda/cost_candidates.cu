@@ -38,8 +38,9 @@ extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_
     const bool open = kd_node_active(node_ref_offset[node + 1] - node_ref_offset[node],
                                      leaf_size, level_active)
                       && (!longest_only || kd_longest_axis(node_lo, node_hi, node) == axis);
+    const float inf = __int_as_float(0x7f800000);
     seg_range[s] = open ? make_float2(node_lo[3 * node + axis], node_hi[3 * node + axis])
-                        : make_float2(__int_as_float(0x7f800000), __int_as_float(0xff800000));
+                        : make_float2(inf, -inf);
     seg_min_cost[s] = KD_INF_BITS;
     seg_best[s] = KD_NO_INDEX;
 }
