@@ -45,13 +45,13 @@ extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_
     seg_best[s] = KD_NO_INDEX;
 }
 
-// Pass 1, one block a tile of KD_SCAN_TILE items, warp-striped as
-// kd_block_scan_flags_local: the open/close scan of the tile's items (item i is
+// Pass 1, one block a tile of KD_SCAN_TILE items: with
+// kd_block_scan_flags_local, the open/close scan of the tile's items (item i is
 // event i - 1's flags: KdLoadOpenClose), 16-bit counts since the tile began,
 // into oc_local, and the tile's sum into oc_tile; the candidate flags of the
-// tile's events (a run head strictly inside its segment's seg_range: pass 0)
-// as one mask per chunk of 32 events (cand_mask). For the tests (event_cost_hi
-// not null), also stores +inf as the cost of every event that is no candidate.
+// tile's events (a run head strictly inside its segment's seg_range: pass 0) as
+// one mask per chunk of 32 events (cand_mask). For the tests (event_cost_hi not
+// null), also stores +inf as the cost of every event that is no candidate.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restrict__ event_pos,
                 const int* __restrict__ event_seg, const int* __restrict__ event_ref,
@@ -70,14 +70,12 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     // lane l of warp w holds items base + 32 j: chunk (tile / 32) + KD_SCAN_ITEMS w + j
     const long long base = tile + (long long)(threadIdx.x >> 5) * 32 * KD_SCAN_ITEMS + lane;
     const long long chunk0 = (tile >> 5) + (long long)(threadIdx.x >> 5) * KD_SCAN_ITEMS;
-    const KdLoadOpenClose load = {event_kind};
-    unsigned int v[KD_SCAN_ITEMS], mask[KD_SCAN_ITEMS];
+    const long long end = tile + KD_SCAN_TILE < items ? tile + KD_SCAN_TILE : items;
+    const unsigned int total = kd_block_scan_flags_local<KdLoadOpenClose, KD_SCAN_BLOCK>(
+        KdLoadOpenClose{event_kind}, tile, end, oc_local);
     bool cand[KD_SCAN_ITEMS];
-    unsigned int sum = 0;
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
         const long long i = base + 32 * j;
-        v[j] = i < items ? kd_lr16(load(i)) : 0u;
-        sum += v[j];
         cand[j] = false;
         if (i < num_events) {
             int node, axis;
@@ -89,20 +87,15 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
                       && (i == seg_event_offset[s] || event_pos[i - 1] != p);
         }
     }
+    const long long num_chunks = (num_events + 31) >> 5;
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        mask[j] = __ballot_sync(full, cand[j]);
+        const unsigned int mask = __ballot_sync(full, cand[j]);
+        if (lane == 0 && chunk0 + j < num_chunks) cand_mask[chunk0 + j] = mask;
         const long long i = base + 32 * j;
         if (event_cost_hi && i < num_events && !cand[j])
             event_cost.store(i, __longlong_as_double((long long)KD_INF_BITS));
     }
-    long long total;
-    const unsigned int prefix = kd_block_warp_prefix<KD_SCAN_BLOCK>(sum, &total);
-    kd_warp_scan_rounds(v, base, items, prefix,
-                        [&](int, long long i, unsigned int value) { oc_local[i] = value; });
-    const long long num_chunks = (num_events + 31) >> 5;
-    for (int j = 0; j < KD_SCAN_ITEMS; ++j)
-        if (lane == 0 && chunk0 + j < num_chunks) cand_mask[chunk0 + j] = mask[j];
-    if (threadIdx.x == 0) oc_tile[blockIdx.x] = kd_lr64((unsigned int)total);
+    if (threadIdx.x == 0) oc_tile[blockIdx.x] = kd_lr64(total);
 }
 
 // One lane of a cost warp over candidates (every lane calls it): the warp's
