@@ -38,4 +38,7 @@ print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sy
                   "ms": round(float(np.median(T)), 3), "digest": h.hexdigest()[:12],
                   "peak_B_per_tri": round(tree.build_info["peak_device_bytes"] / int(F.shape[0]), 1),
                   "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),
-                  "kernels_ms": round(sum(v["total_ms"] for v in prof.values() if not v.get("nested")), 3)}), flush=True)
+                  "kernels_ms": round(sum(v["total_ms"] for v in prof.values() if not v.get("nested")), 3),
+                  **({"relaunches": tree.build_info["scatter_relaunches"],
+                      "stage_levels": len(tree.build_info["stage_levels"])}
+                     if "scatter_relaunches" in tree.build_info else {})}), flush=True)

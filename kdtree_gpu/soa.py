@@ -86,10 +86,13 @@ class SoA:
         return type(self)(**{f.name: getattr(self, f.name)[index] for f in _fields(type(self))})
 
     def prefix(self, n: int):
-        """A view of the first ``n`` rows of every field (no copy; same scale for every field)."""
-        return type(self)(**{f.name: getattr(self, f.name)[:f.metadata["scale"] * n
-                                                            + f.metadata["extra"]]
-                             for f in _fields(type(self))})
+        """A view of the first ``n`` rows of every field (no copy; same scale for every
+        field; a field that is ``None`` stays ``None``)."""
+        def rows(f):
+            a = getattr(self, f.name)
+            return None if a is None else a[:f.metadata["scale"] * n + f.metadata["extra"]]
+
+        return type(self)(**{f.name: rows(f) for f in _fields(type(self))})
 
     @property
     def size(self) -> int:

@@ -316,14 +316,15 @@ extern "C" __global__ void kd_defer_records(const signed char* __restrict__ best
         long long num_refs, long long num_events, long long leaf_ref_base,                  \
         int *__restrict__ leaf_tris, int *__restrict__ child_tri, int *__restrict__ child_node, \
         float *__restrict__ out_pos, signed char *__restrict__ out_kind,                    \
-        int *__restrict__ out_ref, int *__restrict__ out_seg, int clip
+        int *__restrict__ out_ref, int *__restrict__ out_seg, int clip, long long room_refs,  \
+        long long room_events
 #define KD_SCATTER_ARGS(SCAN_ARG)                                                           \
     {ref_tri, ref_node, ref_class, ref_lr_ex, node_ref_offset, split_leaf_ex,              \
      child_ref_offset, event_pos, event_kind, event_ref,                                   \
      {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},                        \
      SCAN_ARG, seg_event_offset, child_event_offset, num_nodes, num_refs,                  \
      num_events, leaf_ref_base, leaf_tris, child_tri, child_node, out_pos,                 \
-     out_kind, out_ref, out_seg, clip}
+     out_kind, out_ref, out_seg, clip, nullptr, nullptr, room_refs, room_events}
 
 extern "C" __global__ void kd_scatter(KD_SCATTER_HEAD_PARAMS,
                                       const long long* __restrict__ event_lr_ex,

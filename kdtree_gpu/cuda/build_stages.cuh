@@ -383,6 +383,13 @@ struct KdScatterArgs {
     // by segment from new_offset[c], ascending) is at most j. Null elsewhere.
     const long long* new_offset;
     const int* new_rank;
+    // The rows the children's arrays have: a copy bound past them is not
+    // written. The stages may launch the scatter before the host has read the
+    // level's counts, into arrays of a guessed size; where a guess falls short,
+    // the host makes them again at the counts and launches it again
+    // (level_stages.build_level_stages). The loop sizes them from its counts.
+    long long room_refs = 0x7fffffffffffffffll;
+    long long room_events = 0x7fffffffffffffffll;
 };
 
 // Kept event j of child segment c: its place in the merged list (above).
@@ -402,7 +409,7 @@ __device__ __forceinline__ void kd_scatter_ref(const KdScatterArgs& a, long long
     int node = a.ref_node[i];
     int tri = a.ref_tri[i];
     unsigned char cls = a.ref_class[i];
-    if (cls == 0) {
+    if (cls == 0) {  // (the host makes the leaf list's room before it launches the scatter)
         long long sl = a.split_leaf_ex[node];
         a.leaf_tris[a.leaf_ref_base + KD_HIGH(sl) + (i - a.node_ref_offset[node])] = tri;
     } else {
@@ -410,15 +417,25 @@ __device__ __forceinline__ void kd_scatter_ref(const KdScatterArgs& a, long long
         kd_ref_destinations(i, node, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
                             a.child_ref_offset, &dl, &dr);
         int child = (int)(2 * KD_LOW(a.split_leaf_ex[node]));
-        if (cls & KD_CLASS_LEFT) {
+        if ((cls & KD_CLASS_LEFT) && dl < a.room_refs) {
             a.child_tri[dl] = tri;
             a.child_node[dl] = child;
         }
-        if (cls & KD_CLASS_RIGHT) {
+        if ((cls & KD_CLASS_RIGHT) && dr < a.room_refs) {
             a.child_tri[dr] = tri;
             a.child_node[dr] = child + 1;
         }
     }
+}
+
+// One copy of an event at row dst of the children's events.
+__device__ __forceinline__ void kd_put_event(const KdScatterArgs& a, long long dst, float pos,
+                                             signed char kind, int ref, long long seg)
+{
+    a.out_pos[dst] = pos;
+    a.out_kind[dst] = kind;
+    a.out_ref[dst] = ref;
+    if (a.out_seg) a.out_seg[dst] = (int)seg;
 }
 
 // Event i, of reference ref (class cls, scan lr_ref(ref): ref_lr_ex's, or one
@@ -444,17 +461,11 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
     signed char kind = a.event_kind[i];
     if (cls & KD_CLASS_LEFT) {
         long long dst = kd_kept_event_place(a, child_seg, KD_LOW(lr_e) - KD_LOW(lr_s));
-        a.out_pos[dst] = pos;
-        a.out_kind[dst] = kind;
-        a.out_ref[dst] = (int)rl;
-        if (a.out_seg) a.out_seg[dst] = (int)child_seg;
+        if (dst < a.room_events) kd_put_event(a, dst, pos, kind, (int)rl, child_seg);
     }
     if (cls & KD_CLASS_RIGHT) {
         long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
-        a.out_pos[dst] = pos;
-        a.out_kind[dst] = kind;
-        a.out_ref[dst] = (int)rr;
-        if (a.out_seg) a.out_seg[dst] = (int)(child_seg + 1);
+        if (dst < a.room_events) kd_put_event(a, dst, pos, kind, (int)rr, child_seg + 1);
     }
 }
 

@@ -57,6 +57,10 @@ class LoopState:
     launches: int = 0  # launches of the level-loop kernel
     loop_blocks: list = dataclasses.field(default_factory=list)  # the grid of each launch
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
+    # level -> (child references / references, child events / events) of the
+    # levels run by stages (level_stages.child_room guesses the next from them)
+    growth: dict = dataclasses.field(default_factory=dict)
+    scatter_relaunches: int = 0  # levels whose guess of the counts fell short
     # (capacity, SMALL_RECORD) int32: small nodes deferred by the loop and the stages
     deferred: object = None
     num_deferred: int = 0
@@ -114,7 +118,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         ran, else "stages"), loop_launches, loop_blocks (the cooperative
         grid of each launch), loop_kernel (the level-loop kernel's name, None
         when it did not run), stage_levels (the levels run with
-        one launch per stage), small_subtrees (the deferred nodes,
+        one launch per stage), scatter_relaunches (of those, the levels whose
+        scatter, launched before their counts were read, ran again because
+        the guess of the counts fell short), small_subtrees (the deferred nodes,
         whose subtrees the subtree stage built), medium_subtrees (those of
         more than ``encoding.SMALL_MAX_REFS`` references: a block took
         each), medium_level_sizes (the nodes of each level of the subtrees
@@ -220,6 +226,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "loop_kernel": grid_loop[0].name if grid_loop is not None and state.launches
             else None,
             "stage_levels": state.stage_levels,
+            "scatter_relaunches": state.scatter_relaunches,
             "small_subtrees": state.num_deferred,
             "medium_subtrees": (state.medium_level_sizes or [0])[0],  # (level 0's)
             "small_runs_full": state.small_runs_full,

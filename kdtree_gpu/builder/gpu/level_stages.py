@@ -219,7 +219,7 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan,
                               split_leaf_ex, child_ref_offset, child_event_offset,
                               num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
-                              clip=False, segments=False):
+                              clip=False, segments=False, children=None):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
     (with ``clip``, without the straddling references' events). The child
@@ -230,13 +230,20 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
     ``event_scan`` is :func:`route_to_children_gpu`'s: with a
     :class:`TiledEventScan`, each warp scans its 32 events again.
 
+    ``children``: the (RefSoA, EventSoA) to write, made by the caller at a
+    guess of the counts (:func:`child_room`) before it read them; a copy
+    bound past their rows is not written (then ``num_child_*`` are ignored).
+    ``leaf_tris`` must have room for the level's leaf entries.
+
     Returns
     -------
     RefSoA, EventSoA
-        The next level's references and events.
+        The next level's references and events (``children`` when given).
     """
-    child_refs = RefSoA.allocate(cp, num_child_refs)
-    child_events = EventSoA.allocate_level(cp, num_child_events, segments=clip or segments)
+    if children is None:
+        children = (RefSoA.allocate(cp, num_child_refs),
+                    EventSoA.allocate_level(cp, num_child_events, segments=clip or segments))
+    child_refs, child_events = children
     if isinstance(event_scan, TiledEventScan):
         kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
         scan = (event_scan.tile_prefix, event_scan.chunk_local, event_scan.seg_start)
@@ -247,8 +254,38 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
             split_leaf_ex, child_ref_offset, *map(or_null, events.args()), *scan,
             nodes.seg_event_offset, child_event_offset, i64(nodes.size), i64(refs.size),
             i64(events.size), i64(leaf_ref_base), leaf_tris, *child_refs.args(),
-            *map(or_null, child_events.args()), np.int32(clip)))
+            *map(or_null, child_events.args()), np.int32(clip), i64(child_refs.size),
+            i64(child_events.size)))
     return child_refs, child_events
+
+
+# How much larger than the last level's growth the guess of the next level's
+# counts is made (child_room): the share of the level's items.
+CHILD_ROOM_MARGIN = 1 / 64
+
+
+def child_room(growth, level: int, num_refs: int, num_events: int):
+    """A guess of the children's references and events of a level, made before
+    the level's counts are read (``None``: no guess), from the growth of the
+    two levels before it (``growth``: level -> (child refs / refs, child events
+    / events), of the levels run by stages), each grown as the last grew
+    more than the one before, plus ``CHILD_ROOM_MARGIN``.
+
+    The growth from one level to the next changes little and smoothly
+    (armadillo: 1.0003 to 1.014 while the levels grow, then shrinking), and
+    the workspace rounds blocks up to size classes 9% apart, so a guess a
+    little above the last growth mostly costs no memory; one that falls short
+    costs a second scatter (:func:`build_level_stages`).
+    """
+    last = growth.get(level - 1)
+    if last is None:
+        return None
+    before = growth.get(level - 2, last)
+    room = []
+    for items, g, h in zip((num_refs, num_events), last, before):
+        rate = g + max(0.0, g - h) + CHILD_ROOM_MARGIN
+        room.append(min(2 * items, int(rate * items) + 64))
+    return tuple(room)
 
 
 def clip_straddling_gpu(cp, mesh, refs, ref_lo, ref_hi, ref_class, ref_lr_ex, nodes,
@@ -363,34 +400,59 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     ref_class = classify_triangles_gpu(cp, refs, best, node_split, box_lo, box_hi, cfg.clip)
     ref_lr_ex, event_scan, child_ref_offset, child_event_offset, totals = route_to_children_gpu(
         cp, nodes, node_split, split_leaf_ex, ref_class, events, cfg.clip, small)
-    # The level's node records and its children's boxes need no count of the read
-    # below: queued before it, they keep the GPU busy while the host reads and
-    # makes the children's arrays (H100, armadillo subdivided twice: 0.37 ms of
-    # idle GPU per level, 26 levels, when they came after the read).
-    out.reserve(level_base + n, leaf_ref_base, level_base, leaf_ref_base)
+    # The level's node records, its children's boxes and, where a guess of the
+    # counts is made, the scatter need no count of the read below: queued
+    # before it, they keep the GPU busy while the host reads (H100, armadillo
+    # subdivided twice: 0.37 ms of idle GPU per level, 26 levels, when the
+    # node records came after the read; then 0.2-1.8 ms from the read to the
+    # scatter's launch, the children's arrays made in between). The tree's
+    # room holds the level's nodes and its leaf entries (at most a reference
+    # each), so that the scatter may write them before the read. (Growth by
+    # doubling from nothing. A first room of two nodes and one leaf entry per
+    # triangle made armadillo subdivided twice 10% faster, but its peak 418
+    # bytes per triangle instead of 283, H100, when each growth gave the
+    # pools' unused blocks back.)
+    out.reserve(level_base + n, leaf_ref_base + num_refs, level_base, leaf_ref_base)
     with children():
         child_nodes = emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base,
                                      leaf_ref_base, out)
+    if deferred is not None:
+        totals = cp.concatenate((totals, deferred))
+    reader = workspace.count_read()
+    reader.start(totals)  # (the one deliberate device-to-host read per level)
+    scatter = (cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
+               child_ref_offset, child_event_offset)
+    guess = child_room(state.growth, level, num_refs, num_events)
+    guessed = None
+    if guess is not None:
+        with children():
+            guessed = (RefSoA.allocate(cp, guess[0]), EventSoA.allocate_level(
+                cp, guess[1], segments=cfg.clip or staged_segments(settings, guess[1])))
+            split_refs_and_events_gpu(*scatter, 0, 0, leaf_ref_base, out.leaf, cfg.clip,
+                                      children=guessed)
     with stage(xp=cp, description="read_level_counts"):
-        # The one deliberate device-to-host read per level: sizes of the next level.
-        if deferred is not None:
-            totals = cp.concatenate((totals, deferred))
-        counts = [int(c) for c in totals.get()]
+        counts = reader.result()
     num_split, num_child_refs, num_child_events, num_leaf_refs = counts[:4]
     if deferred is not None:
         state.num_deferred += counts[4]
         state.deferred_refs += counts[5]
-    # (Growth by doubling from nothing. A first room of two nodes and one leaf
-    # entry per triangle made armadillo subdivided twice 10% faster, but its
-    # peak 418 bytes per triangle instead of 283, H100, when each growth gave
-    # the pools' unused blocks back.)
-    out.reserve(level_base + n, leaf_ref_base + num_leaf_refs, level_base + n, leaf_ref_base)
+    state.growth[level] = (num_child_refs / max(num_refs, 1), num_child_events / max(num_events, 1))
+    segments = staged_segments(settings, num_child_events)
+    if guessed is not None and not (
+            num_child_refs <= guess[0] and num_child_events <= guess[1]
+            and (guessed[1].event_seg is not None) == (cfg.clip or segments)):
+        guessed = None  # (short, or the wrong arrays: launched again at the counts)
+        state.scatter_relaunches += 1
     child_nodes = child_nodes.prefix(2 * num_split)  # (the boxes of the split nodes' children)
     with children():
-        child_refs, child_events = split_refs_and_events_gpu(
-            cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
-            child_ref_offset, child_event_offset, num_child_refs, num_child_events,
-            leaf_ref_base, out.leaf, cfg.clip, staged_segments(settings, num_child_events))
+        if guessed is not None:
+            child_refs = guessed[0].prefix(num_child_refs)
+            child_events = guessed[1].prefix(num_child_events)
+        else:
+            child_refs, child_events = split_refs_and_events_gpu(
+                *scatter, num_child_refs, num_child_events, leaf_ref_base, out.leaf, cfg.clip,
+                segments)
+        del guessed
         node_ref_offset = child_ref_offset[:2 * num_split + 1]
         seg_event_offset = child_event_offset[:6 * num_split + 1]
         if large:  # (the route's arrays are temporaries)

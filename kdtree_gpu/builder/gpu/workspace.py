@@ -41,6 +41,8 @@ import contextlib
 import math
 import threading
 
+import numpy as np
+
 ALIGN = 256  # bytes: arrays cut from one block start at multiples of this
 
 # (device id, kind) -> a workspace pool (kept: its cached blocks are what we free);
@@ -223,6 +225,7 @@ class Workspace:
         self.budget = int(budget)  # bytes the footprint may reach with blocks cached
         self._context = None
         self._every_size = 0  # depth of every_size() contexts
+        self._count_read = None
 
     def _malloc(self, size: int):
         if self._aside:
@@ -356,6 +359,12 @@ class Workspace:
             grown = max(0, self.user_pool.total_bytes() - self.user_base)
         return self._own_bytes() + grown
 
+    def count_read(self) -> CountRead:
+        """The build's :class:`CountRead` (made on first use)."""
+        if self._count_read is None:
+            self._count_read = CountRead(self.cp)
+        return self._count_read
+
     def sample(self) -> None:
         """Record the footprint (call where the build holds the most)."""
         self.high_water = max(self.high_water, self.footprint())
@@ -423,6 +432,36 @@ def uploaded(cp, host):
     return device, pinned
 
 
+class CountRead:
+    """A read of a few int64 counts into pinned host memory, queued on the
+    current stream: the host waits for the work before the copy only, not
+    for what is queued after it. One read at a time (the buffer is reused).
+    """
+
+    def __init__(self, cp, size: int = 8):
+        import cupyx
+
+        self.cp = cp
+        self.host = cupyx.empty_pinned(size, dtype=np.int64)
+        self.event = cp.cuda.Event(block=False, disable_timing=True)
+        self.count = 0
+
+    def start(self, device) -> None:
+        """Queue the copy of ``device`` (int64, at most ``size`` counts)."""
+        cp, n = self.cp, int(device.size)
+        assert device.dtype == np.int64 and n <= self.host.size and device.flags.c_contiguous
+        stream = cp.cuda.get_current_stream()
+        cp.cuda.runtime.memcpyAsync(self.host.ctypes.data, device.data.ptr, 8 * n,
+                                    cp.cuda.runtime.memcpyDeviceToHost, stream.ptr)
+        self.event.record(stream)
+        self.count = n
+
+    def result(self) -> list:
+        """Wait for the copy; the counts as Python ints."""
+        self.event.synchronize()
+        return [int(c) for c in self.host[:self.count]]
+
+
 def aligned_offsets(nbytes) -> tuple:
     """Where arrays of these byte sizes start when cut in order from one block,
     each at a multiple of :data:`ALIGN`: ``(offsets, the block's size)``."""
@@ -437,8 +476,6 @@ def arrays_in_one_block(cp, fields) -> list:
     """Arrays of the given ``(shape, dtype)``, cut in order from one device block
     made with the current allocator (inside :func:`pooled`: one workspace
     allocation, given back in one piece)."""
-    import numpy as np
-
     sizes = [math.prod(shape) * np.dtype(dtype).itemsize for shape, dtype in fields]
     offsets, total = aligned_offsets(sizes)
     block = cp.empty(total, dtype=np.uint8)
@@ -464,8 +501,6 @@ class BlockLayout:
     """
 
     def __init__(self, groups):
-        import numpy as np
-
         groups = [(cls, list(shapes.values())) for cls, shapes in groups]
         offsets, self.nbytes = aligned_offsets(
             math.prod(shape) * np.dtype(dtype).itemsize

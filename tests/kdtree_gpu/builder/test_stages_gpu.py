@@ -26,7 +26,7 @@ from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_st
 from kdtree_gpu.builder.gpu.output import TreeOutput
 from kdtree_gpu.builder.gpu.root import create_root_events_cuda
 from kdtree_gpu.builder.pipeline import root_level_xp, run_level
-from kdtree_gpu.builder.soa import EventSoA
+from kdtree_gpu.builder.soa import EventSoA, RefSoA
 from kdtree_gpu.builder.stages import create_root_events
 from kdtree_gpu.config import split_cost
 from kdtree_gpu.device import gpu_available
@@ -120,6 +120,10 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
         cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
         child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf,
         cfg.clip, segments=True)
+    scatter = (cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_scan,
+               split_leaf_ex, child_ref_offset, child_event_offset)
+    check_guessed_rooms(cp, scatter, lvl.leaf_ref_base, out.leaf, cfg.clip,
+                        (child_refs, child_events), where)
     seg_event_offset = child_event_offset[:6 * num_split + 1]
     if cfg.clip and num_split:
         child_events, seg_event_offset = clip_straddling_gpu(
@@ -138,6 +142,28 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
                                    ("event_pos", "event_kind", "event_ref", "event_seg")):
         equal(got, expected, f"split_events{' and clip_straddling' * cfg.clip}, {where}: {name}")
     equal(seg_event_offset, nxt.nodes.seg_event_offset, f"split_events, {where}: offsets")
+
+
+def check_guessed_rooms(cp, scatter, leaf_ref_base, leaf, clip, exact, where):
+    # The scatter into arrays of a guessed size (build_level_stages launches it
+    # before it reads the counts): rows within the room are the exact ones, and
+    # nothing past it is written (here: the rest of a larger block, filled first).
+    refs, events = exact
+    for room in ((refs.size // 2, events.size // 3), (refs.size + 5, events.size + 9)):
+        spare = 16
+        guessed = (RefSoA.allocate(cp, room[0] + spare), EventSoA.allocate(cp, room[1] + spare))
+        for soa in guessed:
+            for a in soa.args():
+                a.fill(np.nan if a.dtype.kind == "f" else -3)
+        split_refs_and_events_gpu(*scatter, 0, 0, leaf_ref_base, leaf, clip,
+                                  children=tuple(g.prefix(r) for g, r in zip(guessed, room)))
+        for got_soa, want_soa, r, what in zip(guessed, exact, room, ("split_refs", "split_events")):
+            for got, want in zip(got_soa.args(), want_soa.args()):
+                k = min(r, want.shape[0])
+                equal(got[:k], want[:k], f"{what} into a room of {r} rows, {where}")
+                rest = got[k:].get()
+                assert (np.isnan(rest) if rest.dtype.kind == "f" else rest == -3).all(), (
+                    f"{what} into a room of {r} rows wrote past it, {where}")
 
 
 def run_both(V, F, cfg):
@@ -231,3 +257,38 @@ def test_cuda_root_events_equal_their_numpy_twin(num_tris):
                                   cp.asarray(ref_tri), planar)
     for name, a in want.arrays().items():
         equal(getattr(got, name), a, f"create_root_events ({num_tris} triangles): {name}")
+
+
+@pytest.mark.parametrize("guess", ["short", "default", "wide"])
+@pytest.mark.parametrize("seed", range(6))
+def test_scatter_launched_before_the_count_read_makes_the_reference_tree(seed, guess,
+                                                                          monkeypatch):
+    # Each level run by stages after the first launches its scatter into arrays
+    # of a guessed size before it reads its counts; a guess that falls short is
+    # launched again at the counts. Short guesses (half the items: levels
+    # relaunch), the builder's, and the bound (twice the items: none does).
+    import cpu_reference
+    import kdtree_gpu as kd
+    from kdtree_gpu.builder import GpuSettings
+    from kdtree_gpu.builder.gpu import level_stages
+    from kdtree_gpu.testing.meshes import CLIP_CONFIGS, assert_same_tree
+
+    builder_guess = level_stages.child_room
+    scale = {"short": 0.5, "wide": 2}.get(guess)
+    if scale is not None:
+        def child_room(growth, level, num_refs, num_events):
+            if builder_guess(growth, level, num_refs, num_events) is None:
+                return None
+            return int(scale * num_refs), int(scale * num_events)
+        monkeypatch.setattr(level_stages, "child_room", child_room)
+    cfg = (CONFIGS + CLIP_CONFIGS)[seed]
+    V, F = scene(seed)
+    tree = kd.build(V, F, cfg, device="cuda", kernels="stages",
+                    settings=GpuSettings(small_refs=seed % 2 * 16))
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    info = tree.build_info
+    assert len(info["stage_levels"]) > 2
+    if guess == "short":
+        assert info["scatter_relaunches"] >= 1
+    elif guess == "wide":
+        assert info["scatter_relaunches"] == 0
