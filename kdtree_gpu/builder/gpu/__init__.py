@@ -190,8 +190,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
                           buffers=first and first[0], deferred=deferred,
                           small_refs=0 if cfg.clip else settings.small_refs_for(num_root))
         del events, refs, nodes, first, deferred  # the state holds them while they are needed
-        # grown as levels are written (the level loop reserves its share up front)
-        out = TreeOutput(cp)
+        # grown as levels are written (the level loop reserves its share up front),
+        # from room for a node per four triangles (13 bytes a node: 3 per triangle)
+        out = TreeOutput(cp, first_nodes=num_root // 4)
         while not state.done:
             if grid_loop is not None and state.events.size <= settings.loop_max_events:
                 state = build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth,

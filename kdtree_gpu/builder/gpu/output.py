@@ -48,8 +48,14 @@ class TreeOutput:
     then says that :meth:`finish` must copy every array out.
     """
 
-    def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0):
+    def __init__(self, cp, node_capacity: int = 0, leaf_capacity: int = 0,
+                 first_nodes: int = 0):
         self.cp = cp
+        # The fewest node rows a growth makes: a tree's top levels double its
+        # nodes level by level, and growth by doubling from nothing then made
+        # the buffers again at nearly every one of them (about 0.2 ms of host
+        # time each, about 20 levels of armadillo subdivided twice).
+        self.first_nodes = int(first_nodes)
         self.pooled = False  # True once the block may be the workspace's whatever its size
         self.leaf_final = False  # the leaf list is the tree's, at its size (pack_leaves)
         self.block_bytes = 0
@@ -143,7 +149,8 @@ class TreeOutput:
         keeping the first ``used_nodes`` and ``used_leaf_refs`` written so far
         (default: all of them). When a buffer must grow, all five are made
         again in one block, the ones that grow at least twice as large
-        (growth by doubling), or, ``exact``, just as large as asked;
+        (growth by doubling, nodes to at least ``first_nodes`` rows), or,
+        ``exact``, just as large as asked;
         ``pooled``: the block comes from the build's workspace pool,
         whatever its size (the subtree stage's growth, made after the level
         loop's block went back: one device allocation)."""
@@ -153,7 +160,9 @@ class TreeOutput:
         needs = [num_nodes] * 4 + [num_leaf_refs]
         if all(n <= h for h, n in zip(have, needs)):
             return
-        rows = [h if n <= h else (n if exact else max(n, 2 * h)) for h, n in zip(have, needs)]
+        least = [self.first_nodes] * 4 + [0]
+        rows = [h if n <= h else (n if exact else max(n, 2 * h, m))
+                for h, n, m in zip(have, needs, least)]
         used = [h if u is None else u for h, u in zip(have, [used_nodes] * 4 + [used_leaf_refs])]
         if pooled:
             with workspace_pooled():

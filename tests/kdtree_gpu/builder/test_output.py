@@ -42,6 +42,19 @@ def test_growth_at_least_doubles():
     assert out.node_capacity == 200 and out.leaf_capacity == 200
 
 
+def test_node_growth_starts_at_the_first_room_then_doubles():
+    out = TreeOutput(np, first_nodes=1000)
+    out.reserve(1, 1, 0, 0)
+    assert out.node_capacity == 1000 and out.leaf_capacity == 1
+    _fill(out, 1, 1)
+    out.reserve(600, 1, 1, 1)  # (within the first room: nothing is made again)
+    assert out.node_capacity == 1000
+    out.reserve(1001, 1, 1, 1)
+    assert out.node_capacity == 2000
+    assert all(a[0] == k for k, a in enumerate(out.nodes.args()))
+    assert out.reserve(5000, 1, exact=True) is None and out.node_capacity == 5000
+
+
 def test_small_buffers_finish_as_views_and_large_ones_as_copies():
     out = TreeOutput(np, 1000, 1000)
     _fill(out, 990, 999)
