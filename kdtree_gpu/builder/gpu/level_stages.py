@@ -2,8 +2,10 @@
 split-cost stages are :mod:`.level_costs`).
 
 Used for levels too large for the level-loop kernel and on devices without
-cooperative launch: every array has the level's exact size, and one
-device-to-host read of four counts per level sizes the next one.
+cooperative launch: one device-to-host read of four counts per level sizes
+the next one, and every array has the level's exact size, except the
+children's, which may be made at a guess before that read (the rows past the
+counts unused; :func:`child_room`).
 
 Each stage is a function of its own, named after its NumPy twin in
 :mod:`kdtree_gpu.builder.stages` (the GPU tests call both on the same level
