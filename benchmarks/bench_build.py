@@ -6,8 +6,10 @@ repeats after a warm-up), the same from CuPy arrays (the mesh already on the
 device, as the peers build), cold build time (first call in a fresh process
 with an empty kernel cache, so compilation is included), a per-stage breakdown
 (one profiled build), peak device memory, nodes, leaves, references per
-triangle, SAH cost, whether the GPU tree equals the CPU reference's, and the
-CPU reference's build time on this machine's CPU. Beside them: NVIDIA Warp's
+triangle, SAH cost, when a warm build returns on the host against when the
+GPU is done (which of the two bounds it), whether the GPU tree equals the CPU
+reference's, and the CPU reference's build time on this machine's CPU.
+Beside them: NVIDIA Warp's
 BVH build (``wp.Mesh``, its GPU LBVH) on the same mesh in the same run, when
 ``peer_bench.py`` (``--peers-dir``) and Warp can run; OptiX's builds on an
 H200 (``h200_optix.md`` in the peers' results: PREFER_FAST_TRACE plus
@@ -215,6 +217,14 @@ def bench_mesh(spec, args, copy_gbs, warp=None):
     V_d, F_d = cupy.asarray(V), cupy.asarray(F)
     row["gpu_warm_device_ms"], _ = gpu_time_ms(lambda: kd.build(V_d, F_d, device="cuda"),
                                                repeats, 1)
+    # Whether the host or the GPU bounds the build: when kd.build returns on the host
+    # against when the GPU is done (CUDA events), from CuPy arrays, median of repeats.
+    host, device = [], []
+    for _ in range(repeats):
+        _, host_ms, start, end = timed_build(V_d, F_d, device="cuda")
+        host.append(host_ms)
+        device.append(cupy.cuda.get_elapsed_time(start, end))
+    row["host_returns_ms"], row["gpu_done_ms"] = statistics.median(host), statistics.median(device)
     if warp is not None:
         row["warp_build_ms"] = warp_build_ms(warp, V, F, repeats)
     tree = kd.build(V, F, device="cuda", profile=True)
@@ -223,6 +233,7 @@ def bench_mesh(spec, args, copy_gbs, warp=None):
     row["peak_device_bytes"] = tree.build_info.get("peak_device_bytes")
     prof = tree.build_info["profile"]
     row["profile"] = prof
+    row["kernels_ms"] = sum(v["total_ms"] for v in prof.values() if not v.get("nested"))
     row["profile_table"] = tree.build_info["profile_table"]
     row["level_sizes"] = tree.build_info["level_sizes"]
     row["stage_bandwidth"] = stage_bandwidth(prof, tree.build_info["level_sizes"],
@@ -324,6 +335,18 @@ def markdown(header, rows):
             fmt(r["sah_cost"], 2), same_s, fmt(peak / 2**20, 0) if peak else "-",
             fmt(1000 * gapt, 0) if gapt else "-", fmt(SAH_KD_TREE_H200_MS.get(r["mesh"]), 1),
         ]) + " |")
+    lines += ["", "Where a warm build from CuPy arrays waits: when `kd.build` returns on the host "
+              "and when the GPU is done (CUDA events), medians of repeats, beside the sum of the "
+              "profiled build's stages (kernels). A host return close to the GPU's end means "
+              "the host's launches, allocations and reads bound the build; the GPU idles for "
+              "about the difference between its end and the kernels.", "",
+              "| mesh | host returns ms | GPU done ms | kernels ms | GPU idle ms |",
+              "|---|---:|---:|---:|---:|"]
+    for r in rows:
+        done, kernels = r.get("gpu_done_ms"), r.get("kernels_ms")
+        idle = done - kernels if done is not None and kernels is not None else None
+        lines.append("| " + " | ".join([r["mesh"], fmt(r.get("host_returns_ms"), 2), fmt(done, 2),
+                                        fmt(kernels, 2), fmt(idle, 2)]) + " |")
     lines += ["", "## Per-stage breakdown (one profiled build each)", ""]
     for r in rows:
         lines += [f"### {r['mesh']}", "", "```", r["profile_table"], "```", ""]
