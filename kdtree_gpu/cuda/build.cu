@@ -33,35 +33,10 @@ kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_ev
 // -> its segment, or its reference -> node; then the scan), so more warps hide
 // more.
 extern "C" __global__ void __launch_bounds__(KD_LAUNCH_BLOCK, 6)
-kd_split_costs(const float* __restrict__ event_pos,
-               const int* __restrict__ event_seg,
-               const int* __restrict__ event_ref,
-               const int* __restrict__ ref_node,
-               const long long* __restrict__ open_close_ex,
-               const long long* __restrict__ seg_event_offset,
-               const long long* __restrict__ node_ref_offset,
-               const float* __restrict__ node_lo,
-               const float* __restrict__ node_hi,
-               long long num_nodes,
-               long long num_events,
-               long long leaf_size,
-               int level_active,
-               int longest_only,
-               double k_traversal, double k_intersect,
-               double empty_bonus,
-               unsigned int* __restrict__ event_cost_hi,
-               unsigned int* __restrict__ event_cost_lo,
-               signed char* __restrict__ event_side,
-               unsigned long long* seg_min_cost,
-               unsigned long long* seg_best,
-               unsigned long long* __restrict__ partial)
+kd_split_costs(KD_COST_HEAD_PARAMS, const long long* __restrict__ open_close_ex,
+               KD_COST_TAIL_PARAMS)
 {
-    const KdPackedScan open_close(open_close_ex);
-    KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
-                    open_close, seg_event_offset, node_ref_offset,
-                    node_lo, node_hi, num_nodes, num_events, leaf_size, level_active,
-                    longest_only, k_traversal, k_intersect, empty_bonus,
-                    {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best};
+    const KdCostArgs a = KD_COST_ARGS(KdPackedScan(open_close_ex));
     kd_split_cost_warp(a, kd_tid() & ~31ll, partial);
 }
 
@@ -363,11 +338,7 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
         cls = kd_unpack_lr(ref_lr_ex[ref + 1] - lr_ref);
     }
     const unsigned int flags = ref >= 0 ? kd_lr16(kd_event_lr(cls, clip)) : 0u;
-    unsigned int x = flags;
-    for (int o = 1; o < 32; o <<= 1) {
-        const unsigned int y = __shfl_up_sync(0xffffffffu, x, o);
-        if ((threadIdx.x & 31) >= o) x += y;
-    }
+    const unsigned int x = kd_warp_inclusive_scan(flags);
     if (ref < 0) return;
     const long long lr =
         event_tile_prefix[i / KD_SCAN_TILE] + kd_lr64(chunk_local[i >> 5] + x - flags);

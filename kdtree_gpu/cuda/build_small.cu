@@ -24,12 +24,7 @@ __device__ __forceinline__ unsigned long long kd_warp_take(unsigned long long* c
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
-    unsigned long long x = v;
-#pragma unroll
-    for (int d = 1; d < 32; d <<= 1) {
-        const unsigned long long y = __shfl_up_sync(full, x, d);
-        if (lane >= d) x += y;
-    }
+    const unsigned long long x = kd_warp_inclusive_scan(v);
     const unsigned long long total = __shfl_sync(full, x, 31);
     unsigned long long base = 0;
     if (lane == 0 && total) base = atomicAdd(counter, total);

@@ -134,25 +134,9 @@ __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long
 // tile has no more candidates than events); chunks past its candidates leave
 // theirs empty. The open/close scan is pass 1's, chunked by tiles.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK, 6)
-kd_split_costs_candidates(const float* __restrict__ event_pos,
-                          const int* __restrict__ event_seg,
-                          const int* __restrict__ event_ref,
-                          const int* __restrict__ ref_node,
+kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
                           const unsigned int* __restrict__ open_close_local,
-                          const long long* __restrict__ open_close_tile,
-                          const long long* __restrict__ seg_event_offset,
-                          const long long* __restrict__ node_ref_offset,
-                          const float* __restrict__ node_lo,
-                          const float* __restrict__ node_hi,
-                          long long num_nodes, long long num_events, long long leaf_size,
-                          int level_active, int longest_only,
-                          double k_traversal, double k_intersect, double empty_bonus,
-                          unsigned int* __restrict__ event_cost_hi,
-                          unsigned int* __restrict__ event_cost_lo,
-                          signed char* __restrict__ event_side,
-                          unsigned long long* seg_min_cost,
-                          unsigned long long* seg_best,
-                          unsigned long long* __restrict__ partial,
+                          const long long* __restrict__ open_close_tile, KD_COST_TAIL_PARAMS,
                           const unsigned int* __restrict__ cand_mask)
 {
     constexpr int CHUNKS = KD_SCAN_TILE / 32;
@@ -160,13 +144,8 @@ kd_split_costs_candidates(const float* __restrict__ event_pos,
     __shared__ unsigned int s_mask[CHUNKS];
     __shared__ int s_before[CHUNKS + 1];
     __shared__ unsigned short s_cand[KD_SCAN_TILE];
-    const unsigned full = 0xffffffffu;
-    const KdCostArgs a = {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes},
-                          KdPackedScan(open_close_local, open_close_tile, KD_SCAN_TILE),
-                          seg_event_offset, node_ref_offset, node_lo, node_hi, num_nodes,
-                          num_events, leaf_size, level_active, longest_only, k_traversal,
-                          k_intersect, empty_bonus, {event_cost_hi, event_cost_lo}, event_side,
-                          seg_min_cost, seg_best};
+    const KdCostArgs a =
+        KD_COST_ARGS(KdPackedScan(open_close_local, open_close_tile, KD_SCAN_TILE));
     const int lane = threadIdx.x & 31;
     const long long e0 = (long long)blockIdx.x * KD_SCAN_TILE;
     const long long k0 = (long long)blockIdx.x * CHUNKS;
@@ -175,11 +154,7 @@ kd_split_costs_candidates(const float* __restrict__ event_pos,
     if (threadIdx.x < 32) {  // the candidates before each chunk: lane l's are 2l and 2l + 1
         const unsigned m0 = 2 * lane < tile_chunks ? cand_mask[k0 + 2 * lane] : 0u;
         const unsigned m1 = 2 * lane + 1 < tile_chunks ? cand_mask[k0 + 2 * lane + 1] : 0u;
-        int x = __popc(m0) + __popc(m1);
-        for (int o = 1; o < 32; o <<= 1) {
-            const int y = __shfl_up_sync(full, x, o);
-            if (lane >= o) x += y;
-        }
+        const int x = kd_warp_inclusive_scan(__popc(m0) + __popc(m1));
         const int before = x - __popc(m0) - __popc(m1);
         s_mask[2 * lane] = m0;
         s_mask[2 * lane + 1] = m1;

@@ -3,6 +3,18 @@
 // builder's stage kernels and level loop).
 #pragma once
 
+// x's inclusive scan over the lanes of a warp (every lane calls it).
+template <typename T>
+__device__ __forceinline__ T kd_warp_inclusive_scan(T x)
+{
+    const int lane = threadIdx.x & 31;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T y = __shfl_up_sync(0xffffffffu, x, o);
+        if (lane >= o) x += y;
+    }
+    return x;
+}
+
 // Exclusive scan of one value per thread across a block of BLOCK threads
 // (all of them must call it); *total gets the block's sum.
 template <int BLOCK = KD_SCAN_BLOCK>
@@ -10,19 +22,11 @@ __device__ __forceinline__ long long kd_block_exclusive_scan(long long value, lo
 {
     __shared__ long long warp_sums[BLOCK / 32];
     int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    long long x = value;
-    for (int o = 1; o < 32; o <<= 1) {
-        long long y = __shfl_up_sync(0xffffffffu, x, o);
-        if (lane >= o) x += y;
-    }
+    const long long x = kd_warp_inclusive_scan(value);
     if (lane == 31) warp_sums[warp] = x;
     __syncthreads();
     if (warp == 0) {
-        long long w = lane < BLOCK / 32 ? warp_sums[lane] : 0;
-        for (int o = 1; o < 32; o <<= 1) {
-            long long y = __shfl_up_sync(0xffffffffu, w, o);
-            if (lane >= o) w += y;
-        }
+        const long long w = kd_warp_inclusive_scan(lane < BLOCK / 32 ? warp_sums[lane] : 0);
         if (lane < BLOCK / 32) warp_sums[lane] = w;
     }
     __syncthreads();
@@ -94,13 +98,8 @@ __device__ __forceinline__ T kd_warp_scan_rounds(const T (&v)[KD_SCAN_ITEMS], lo
                                                  long long end, T carry, Store store)
 {
     const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
     for (int j = 0; j < KD_SCAN_ITEMS; ++j) {
-        T x = v[j];
-        for (int o = 1; o < 32; o <<= 1) {
-            const T y = __shfl_up_sync(full, x, o);
-            if (lane >= o) x += y;
-        }
+        const T x = kd_warp_inclusive_scan(v[j]);
         const long long i = base + 32 * j;
         if (i < end) store(j, i, carry + x);
         carry += __shfl_sync(full, x, 31);

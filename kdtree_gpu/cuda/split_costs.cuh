@@ -149,6 +149,27 @@ struct KdCostArgs {
     unsigned long long* seg_best;
 };
 
+// The parameters of the cost passes (kd_split_costs, kd_split_costs_candidates)
+// before and after their open/close scan (each pass's own form), and the
+// KdCostArgs they make (SCAN: its open/close scan member).
+#define KD_COST_HEAD_PARAMS                                                                  \
+    const float *__restrict__ event_pos, const int *__restrict__ event_seg,                  \
+        const int *__restrict__ event_ref, const int *__restrict__ ref_node
+#define KD_COST_TAIL_PARAMS                                                                  \
+    const long long *__restrict__ seg_event_offset,                                          \
+        const long long *__restrict__ node_ref_offset, const float *__restrict__ node_lo,    \
+        const float *__restrict__ node_hi, long long num_nodes, long long num_events,        \
+        long long leaf_size, int level_active, int longest_only, double k_traversal,         \
+        double k_intersect, double empty_bonus, unsigned int *__restrict__ event_cost_hi,    \
+        unsigned int *__restrict__ event_cost_lo, signed char *__restrict__ event_side,      \
+        unsigned long long *seg_min_cost, unsigned long long *seg_best,                      \
+        unsigned long long *__restrict__ partial
+#define KD_COST_ARGS(SCAN)                                                                   \
+    {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes}, SCAN,         \
+     seg_event_offset, node_ref_offset, node_lo, node_hi, num_nodes, num_events, leaf_size,  \
+     level_active, longest_only, k_traversal, k_intersect, empty_bonus,                      \
+     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best}
+
 // What event e's candidate test and plane cost read of its node and segment
 // (e live and in segment seg = axis * num_nodes + node).
 struct KdEventPlane {

@@ -101,7 +101,7 @@ def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, e
                seg_min_cost, seg_best, partial) -> tuple:
     """The arguments of ``kd_split_costs`` (``kd_split_costs_candidates``'s but their last,
     with a chunked scan); ``None`` arrays are null pointers (not stored)."""
-    halves = _halves(event_cost) if event_cost is not None else (None, None)
+    halves = _halves(event_cost)
     return (events.event_pos, or_null(events.event_seg), events.event_ref, refs.ref_node,
             *open_close.args(), nodes.seg_event_offset, nodes.node_ref_offset, nodes.node_lo,
             nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
@@ -149,7 +149,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     local = cp.empty(num_events + 1, dtype=np.uint32)
     cand_mask = cp.empty(max(1, warps), dtype=np.uint32)
     seg_range = cp.empty((3 * n, 2), dtype=np.float32)
-    halves = _halves(event_cost) if event_cost is not None else (None, None)
+    halves = _halves(event_cost)
     launch("compute_split_costs: segment ranges", _candidate_kernel("kd_segment_ranges"), 3 * n,
            (nodes.node_ref_offset, nodes.node_lo, nodes.node_hi, i64(n), i64(cfg.leaf_size),
             np.int32(level_active), np.int32(cfg.axes == "longest"), seg_range, seg_min_cost,
@@ -171,7 +171,10 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
 
 
 def _halves(event_cost) -> tuple:
-    """The high and the low words of :func:`compute_split_costs_gpu`'s costs (views)."""
+    """The high and the low words of :func:`compute_split_costs_gpu`'s costs (views;
+    ``(None, None)`` where they are not stored)."""
+    if event_cost is None:
+        return None, None
     num_events = event_cost.size // 2
     return event_cost[:num_events], event_cost[num_events:]
 
