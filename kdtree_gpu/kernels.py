@@ -80,6 +80,7 @@ GPU_COMPILE_MESSAGE = ("kdtree-gpu: compiling GPU kernels for sm_{arch}, once pe
 
 _module_cache: dict = {}
 _function_cache: dict = {}
+_cooperative_cache: dict = {}  # (device, file, kernel, block) -> cooperative_function's
 _pointer_cache: dict = {}  # as _function_cache: (CUfunction, the RawKernel keeping it loaded)
 _announced = False
 
@@ -377,6 +378,37 @@ def get_function_pointer(filename: str, name: str, options: Sequence[str] = (),
     return entry[0]
 
 
+def cooperative_function(filename: str, name: str, block: int) -> Optional[tuple]:
+    """A kernel of a cooperative module (:func:`get_function` with ``cooperative``)
+    and how many of its blocks of ``block`` threads are resident at once on the
+    current device (blocks per multiprocessor times multiprocessors), memoized.
+
+    Returns
+    -------
+    (cupy.RawKernel, int) or None
+        None where the device cannot launch cooperatively or no block fits
+        on a multiprocessor.
+    """
+    import cupy
+
+    from .device import cooperative_launch, multiprocessors
+
+    device_id = cupy.cuda.runtime.getDevice()
+    key = (device_id, filename, name, int(block))
+    if key not in _cooperative_cache:
+        result = None
+        if cooperative_launch(device_id):
+            from cupy_backends.cuda.api import driver
+
+            kernel = get_function(filename, name, cooperative=True)
+            per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
+                                                                      int(block), 0)
+            if per_sm > 0:
+                result = (kernel, per_sm * multiprocessors(device_id))
+        _cooperative_cache[key] = result
+    return _cooperative_cache[key]
+
+
 def cache_dir() -> Path:
     """Where the package keeps its per-machine stamps (``KDTREE_GPU_CACHE_DIR``)."""
     return Path(os.environ.get("KDTREE_GPU_CACHE_DIR") or Path.home() / ".cache" / "kdtree_gpu")
@@ -413,6 +445,7 @@ def clear_cache() -> None:
     _module_cache.clear()
     _function_cache.clear()
     _pointer_cache.clear()
+    _cooperative_cache.clear()
 
 
 def find_nvcc() -> Optional[str]:

@@ -154,6 +154,13 @@ class GpuSettings:
         Records of deferred nodes the first buffer holds (0: a quarter of the
         root's references, at least 1024); the loop stops and is launched
         again with twice what it needs when they run out.
+    small_grid : bool
+        Run the subtree stage's levels in one cooperative launch, with a grid
+        barrier between levels, where the device can launch it (False: one
+        launch per level that can exist, about 30, most of them for levels
+        without nodes, each a launch's host time). Builds that give medium
+        nodes a block (``small_refs`` above ``SMALL_MAX_REFS``) keep the
+        launch per level.
     small_capacity : callable or None
         ``deferred_refs -> (tree nodes, leaf entries, records, references[,
         medium events])``: the subtree stage's first room (records,
@@ -212,6 +219,7 @@ class GpuSettings:
     small_refs: int = enc.SMALL_MAX_REFS
     small_min_refs: int = 32768
     small_records: int = 0
+    small_grid: bool = True
     small_capacity: object = None
     workspace_block: int = 4 << 20
     workspace_budget: int = 320
@@ -256,9 +264,10 @@ class GpuSettings:
                 bound = f"[{lo}, {hi}]" if hi is not None else f">= {lo}"
                 raise ValueError(f"GpuSettings.{name} must be an integer {bound}, "
                                  f"got {value!r}")
-        if not isinstance(self.keep_workspace, bool):
-            raise ValueError(f"GpuSettings.keep_workspace must be True or False, "
-                             f"got {self.keep_workspace!r}")
+        for name in ("keep_workspace", "small_grid"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"GpuSettings.{name} must be True or False, "
+                                 f"got {getattr(self, name)!r}")
 
 
 DEFAULT_SETTINGS = GpuSettings()

@@ -43,7 +43,7 @@ struct KdSmallTree {
 struct KdSmallLevel {
     const float* __restrict__ tri_lo;
     const float* __restrict__ tri_hi;
-    const int* __restrict__ in_refs;
+    const int* in_refs;  // (not read-only: build_small_grid.cu writes it in the same launch)
     unsigned long long* counters;
     unsigned long long* row;   // this level's counts
     unsigned long long* next;  // its children's

@@ -69,6 +69,7 @@ class LoopState:
     # runs of the subtree levels that found buffers full: (first such level, SMALL_FULL_* bits)
     small_runs_full: list = dataclasses.field(default_factory=list)
     small_level_sizes: list = dataclasses.field(default_factory=list)
+    small_launches: int = 0  # launches of the subtree levels' kernels (one per run in a grid)
     # the medium nodes of each subtree level (a block each)
     medium_level_sizes: list = dataclasses.field(default_factory=list)
     # the level loop's first buffers when the start level was decoded into them
@@ -128,7 +129,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         found buffers full: the first level that did, from which the levels
         ran again, and the ``encoding.SMALL_FULL_*`` bits of the buffers),
         small_level_sizes (nodes and references of each level of the
-        subtrees, the deferred nodes first), depth, num_degenerate, bounds,
+        subtrees, the deferred nodes first), small_launches (launches of the
+        subtree levels' kernels: one a run where the device runs them in one
+        cooperative launch, ``GpuSettings.small_grid``), depth, num_degenerate, bounds,
         peak_device_bytes (the most device memory the build held at once,
         mesh and tree included:
         :class:`.workspace.Workspace`).
@@ -232,6 +235,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "medium_subtrees": (state.medium_level_sizes or [0])[0],  # (level 0's)
             "small_runs_full": state.small_runs_full,
             "small_level_sizes": state.small_level_sizes,
+            "small_launches": state.small_launches,
             "medium_level_sizes": state.medium_level_sizes,
             "depth": max(state.level - 1, small_depth),
             "bounds": bounds, "num_degenerate": num_degenerate,

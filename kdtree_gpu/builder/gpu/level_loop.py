@@ -15,15 +15,12 @@ import functools
 import numpy as np
 
 from ... import encoding as enc
-from ...device import cooperative_launch, multiprocessors
-from ...kernels import get_function
+from ...kernels import cooperative_function
 from ...launch import launch, stage
 from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .workspace import BlockLayout, arrays_in_one_block, pooled
-
-_loop_cache: dict = {}
 
 
 def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
@@ -47,26 +44,12 @@ def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
         (blocks per multiprocessor times multiprocessors), or ``None`` when
         the device cannot run cooperative launches.
     """
-    device = cp.cuda.Device()
     one_block = bool(one_block) and not clip
-    key = (device.id, bool(clip), one_block)
-    if key in _loop_cache:
-        return _loop_cache[key]
-    result = None
-    if cooperative_launch(device.id):
-        from cupy_backends.cuda.api import driver
-
-        source, name = (("build_loop_one_block.cu", "kd_build_levels_grid_one_block")
-                        if one_block else
-                        ("build_loop.cu", "kd_build_levels_grid_clip" if clip
-                         else "kd_build_levels_grid"))
-        kernel = get_function(source, name, cooperative=True)
-        per_sm = driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.kernel.ptr,
-                                                                  enc.LOOP_BLOCK, 0)
-        if per_sm > 0:
-            result = (kernel, per_sm * multiprocessors(device.id))
-    _loop_cache[key] = result
-    return result
+    source, name = (("build_loop_one_block.cu", "kd_build_levels_grid_one_block")
+                    if one_block else
+                    ("build_loop.cu", "kd_build_levels_grid_clip" if clip
+                     else "kd_build_levels_grid"))
+    return cooperative_function(source, name, enc.LOOP_BLOCK)
 
 
 # The auto grid gives each thread about this many events of the widest level

@@ -1,4 +1,4 @@
-"""Small-node subtrees: a launch per level, a warp or a thread per node (``cuda/build_small.cu``).
+"""Small-node subtrees: level by level, a warp or a thread per node (``cuda/build_small.cu``).
 
 Past the first levels a tree is mostly tiny nodes, and every level costs the
 level loop a dozen grid barriers and passes over all its events however
@@ -26,12 +26,13 @@ import numpy as np
 
 from ... import encoding as enc
 from ...device import multiprocessors
-from ...kernels import get_function
+from ...kernels import cooperative_function, get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings, TreeNodeSoA
 from .workspace import arrays_in_one_block, lasting, pooled, uploaded
 
 _SOURCE = "build_small.cu"
+_GRID_SOURCE = "build_small_grid.cu"  # the same levels in one cooperative launch
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
 WARPS_PER_SM = 32
 # blocks of the medium-node kernel launched per multiprocessor (as many as
@@ -50,10 +51,13 @@ _LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
     """Build the subtrees of the nodes the level loop and the stages deferred.
 
-    One launch per level that can exist (``max_depth`` levels below the
-    shallowest possible root), queued without reading anything back: each
-    launch reads its level's size on the device, and a level without nodes
-    returns at once. One read at the end gives the tree's sizes, or the
+    Every level that can exist (``max_depth`` levels below the shallowest
+    possible root) in one cooperative launch, a grid barrier between levels,
+    which stops after the last level with nodes
+    (``cuda/build_small_grid.cu``; ``settings.small_grid``); else, and with
+    medium nodes, one launch per level, queued without reading anything
+    back: each launch reads its level's size on the device, and a level
+    without nodes returns at once. One read at the end gives the tree's sizes, or the
     first level that found its room full: the levels go on from that one
     (those before it are done, and its input is only read) once the tree
     has a second page (:meth:`.output.TreeOutput.add_page`: nothing is
@@ -97,6 +101,11 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         medium = get_function(_SOURCE, "kd_build_medium_level")
         most_medium = medium_rows(state.deferred_refs)
         medium_blocks = min(most_medium, MEDIUM_BLOCKS_PER_SM * sms)
+    # every level in one cooperative launch, where the device runs one (not with
+    # medium nodes: their block kernel keeps a launch per level)
+    grid = None
+    if medium is None and settings.small_grid:
+        grid = cooperative_function(_GRID_SOURCE, "kd_build_small_levels", enc.SMALL_BLOCK)
     levels = max_depth + 1  # every depth a deferred node's descendant can have
     row = enc.SMALL_LEVEL_ROW
     sizes = np.zeros(enc.SMALL_COUNTERS + row * (levels + 1), dtype=np.int64)
@@ -142,7 +151,18 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         # microseconds of host time per launch)
         tree_args = out.page_args()
         with stage(xp=cp, description="small subtrees"):
-            for level in range(first, levels):
+            if grid is not None:
+                # (as many blocks as are resident at once, strided over each level's nodes)
+                kernel_grid, resident = grid
+                launch("small subtrees: levels", kernel_grid,
+                       min(blocks, resident) * enc.SMALL_BLOCK,
+                       (tri_lo, tri_hi, state.deferred, np.int64(state.deferred.shape[0]),
+                        out.leaf, *buffers[0][:2], *(np.int64(a.shape[0]) for a in buffers[0][:2]),
+                        *buffers[1][:2], *(np.int64(a.shape[0]) for a in buffers[1][:2]),
+                        np.int32(first), np.int32(levels), counters, *tree_args, loop_settings),
+                       block=enc.SMALL_BLOCK)
+                state.small_launches += 1
+            for level in range(first, levels if grid is None else first):
                 src, dst = buffers[1 - level % 2], buffers[level % 2]
                 in_refs = out.leaf if level == 0 else src[1]
                 if medium is not None:
@@ -161,6 +181,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                         np.int64(records.shape[0]), np.int32(level), counters,
                         dst[0], dst[1], np.int64(dst[0].shape[0]), np.int64(dst[1].shape[0]),
                         *tree_args, loop_settings), block=enc.SMALL_BLOCK)
+                state.small_launches += 1 + (medium is not None)
             # (else they would keep the last level's buffers alive)
             src = dst = records = in_refs = in_medium = None
             # one read: the tree's sizes (and whether every buffer had room)

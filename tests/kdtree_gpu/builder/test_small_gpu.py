@@ -212,10 +212,13 @@ def test_gpu_the_bunny_subtree_stage_runs_once_without_a_higher_peak(mesh_path):
 
 
 @gpu
-@pytest.mark.parametrize("small_refs", [enc.SMALL_MAX_REFS, enc.MEDIUM_MAX_REFS])
+@pytest.mark.parametrize("small_refs, grid", [(enc.SMALL_MAX_REFS, True),
+                                              (enc.SMALL_MAX_REFS, False),
+                                              (enc.MEDIUM_MAX_REFS, True)],
+                         ids=["levels-in-one-launch", "launch-per-level", "medium"])
 @pytest.mark.parametrize("room", [(1, 1, 1, 1), (1, 4096, 4096, 100_000), (64, 1, 1, 64),
                                   (1 << 20, 1 << 20, 4096, 100_000, 1), "bunny"])
-def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, small_refs,
+def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, small_refs, grid,
                                                                       mesh_path):
     # With the subtree stage's room far too small, levels find the tree's
     # pages or their children's buffers full again and again; each time the
@@ -227,11 +230,16 @@ def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, smal
     else:
         V, F = soup(np.random.default_rng(sum(room)), 4000, scale=0.02)
         capacity = lambda refs: room  # noqa: E731
-    settings = GpuSettings(small_refs=small_refs, small_min_refs=0, small_capacity=capacity)
+    settings = GpuSettings(small_refs=small_refs, small_min_refs=0, small_capacity=capacity,
+                           small_grid=grid)
     tree = kd.build(V, F, device="cuda", settings=settings)
     info = tree.build_info
     assert info["small_subtrees"] > 0
     runs = info["small_runs_full"]
+    if small_refs <= enc.SMALL_MAX_REFS:
+        # a run is one launch in one grid, else a launch per level that can exist
+        launches = info["small_launches"]
+        assert launches == len(runs) + 1 if grid else launches > len(runs) + 1
     if room != "bunny" and len(room) == 5:  # room for everything but the medium nodes' events
         if small_refs <= enc.SMALL_MAX_REFS:
             assert runs == []  # (no medium nodes: no events)
@@ -256,6 +264,35 @@ def test_gpu_small_subtrees_go_on_from_the_level_that_found_room_full(room, smal
         assert bits & every == every
     tree.check()
     assert_same_tree(cpu_reference.build(V, F), tree)
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(10))
+def test_gpu_subtree_levels_in_one_launch_are_the_launches_per_level(seed):
+    # The cooperative launch (a grid barrier between levels, stopping after
+    # the last level with nodes) and one launch per level that can exist build
+    # the same levels, node for node, and the reference's tree.
+    V, F = _scene(seed)
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    built = {}
+    for grid in (True, False):
+        settings = GpuSettings(small_refs=enc.SMALL_MAX_REFS, small_min_refs=0, small_grid=grid)
+        built[grid] = kd.build(V, F, cfg, device="cuda", settings=settings)
+    one, per_level = built[True].build_info, built[False].build_info
+    assert one["small_subtrees"] == per_level["small_subtrees"]
+    if one["small_subtrees"]:
+        assert one["small_launches"] == 1 < per_level["small_launches"]
+    assert one["small_level_sizes"] == per_level["small_level_sizes"]
+    assert one["depth"] == per_level["depth"]
+    reference = cpu_reference.build(V, F, cfg)
+    for tree in built.values():
+        assert_same_tree(reference, tree)
+        tree.check()
+
+
+def test_small_grid_setting_is_checked():
+    with pytest.raises(ValueError, match="small_grid"):
+        GpuSettings(small_grid=1)
 
 
 @gpu
