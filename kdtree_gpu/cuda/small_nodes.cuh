@@ -188,8 +188,9 @@ __device__ __forceinline__ void kd_small_tiny_node(const KdSmallLevel& L, bool l
 }
 
 // The tree nodes and leaf entries the levels before `level` took, in before[0]
-// and before[1] (shared memory); false when a level found a buffer full
-// (every later launch returns). Every thread of the block calls it.
+// and before[1] (shared memory); false when a level found a buffer full: the
+// block skips this level's nodes (a launch per level returns; in one grid the
+// block still reaches the level's barrier). Every thread of the block calls it.
 __device__ __forceinline__ bool kd_small_level_start(unsigned long long* counters, int level,
                                                      unsigned long long* before)
 {
