@@ -1,5 +1,5 @@
-"""The subtree stage level by level: CUDA events around each level's launch (third warm build),
-with the level's records and references (``build_info["small_level_sizes"]``)::
+"""The subtree stage level by level: CUDA events around each level's launch (third warm build,
+a launch per level), with the level's records and references (``build_info["small_level_sizes"]``)::
 
     PYTHONPATH=. python benchmarks/probe_subtree_levels.py stanford_bunny stanford_armadillo@sub2"""
 import os, sys
@@ -17,11 +17,13 @@ def rec(desc, kernel, n, args, **kw):
     else:
         orig(desc, kernel, n, args, **kw)
 S.launch = rec
+# a launch per level (GpuSettings.small_grid=False): one cooperative launch has no level times
+PER_LEVEL = kd.GpuSettings(small_grid=False)
 for spec in sys.argv[1:]:
     V, F = load(spec, os.environ["KDTREE_GPU_MESH_DIR"]); V, F = cupy.asarray(V), cupy.asarray(F)
-    for _ in range(2): kd.build(V, F)
+    for _ in range(2): kd.build(V, F, settings=PER_LEVEL)
     EV.clear()
-    t = kd.build(V, F); cupy.cuda.Device().synchronize()
+    t = kd.build(V, F, settings=PER_LEVEL); cupy.cuda.Device().synchronize()
     sizes = t.build_info["small_level_sizes"]
     ms = [cupy.cuda.get_elapsed_time(a, b) for a, b in EV]
     print(f"== {spec}: {F.shape[0]} tris, deferred {t.build_info['small_subtrees']}, launches {len(ms)}, total {sum(ms):.2f} ms, runs full {t.build_info['small_runs_full']}")
