@@ -20,7 +20,9 @@ Table 2) and tomilov/sah_kd_tree on an H200 (``shared/peers/README.md``).
 
 Usage::
 
-    PYTHONPATH=. python benchmarks/bench_build.py --mesh-dir DIR --out DIR [--quick]
+    PYTHONPATH=. python benchmarks/bench_build.py --mesh-dir DIR --out DIR [--meshes M ...]
+        [--repeats N] [--no-cold] [--no-cpu]
+    python benchmarks/bench_build.py --render OUT/build_<gpu>.json   # its table again
 
 Writes ``build_<gpu>.json`` (one object per mesh plus a header) and
 ``build_<gpu>.md`` (a readable table) under ``--out``.
@@ -53,6 +55,11 @@ import kdtree_gpu as kd  # noqa: E402
 # GAPT part 11, Table 2: GTX 1070 GPU build seconds (Wald-style CPU on i7-4770 in parentheses).
 GAPT_GTX1070_S = {"cornell_box": 0.046, "suzanne": 0.095, "stanford_bunny": 0.655,
                   "stanford_dragon_res2": 1.100, "buddha_1.09M": 2.801}
+# The build times this project aims at, on an H200 (warm, from CuPy arrays), ms, and the
+# most device memory a build may hold at its peak, bytes per triangle.
+GOAL_H200_MS = {"stanford_bunny": 1.5, "conference": 3.0, "stanford_armadillo@sub1": 8.0,
+                "stanford_armadillo@sub2": 30.0, "stanford_armadillo@sub3": 150.0}
+GOAL_PEAK_B_PER_TRI = 400
 # tomilov/sah_kd_tree (CUDA/Thrust, full SAH with clipping) on an H200, ms (shared/peers/README.md).
 SAH_KD_TREE_H200_MS = {"cornell_box": 26.3, "suzanne": 73.8, "spot": 97.2, "stanford_bunny": 123.0,
                        "sponza_dabrovic": 113.0, "happy_buddha_100k": 129.1,
@@ -299,17 +306,26 @@ def markdown(header, rows):
              + (f" ({header['warp']})" if header.get("warp") else "") + "; OptiX: "
              "`h200_optix.md`, measured on an H200 (best quality = PREFER_FAST_TRACE build "
              "+ compaction; fast build = PREFER_FAST_BUILD).", "",
-             "| mesh | triangles | ours ms (CuPy arrays) | Warp LBVH ms | ours / Warp "
+             "Goal: the build time this project aims at on an H200 (warm, from CuPy arrays), "
+             f"and at most {GOAL_PEAK_B_PER_TRI} bytes per triangle of device memory at the "
+             "build's peak (`build_info['peak_device_bytes']`: the build's pools at their "
+             "high-water mark, the caller's pool's growth, the mesh).", "",
+             "| mesh | triangles | ours ms (CuPy arrays) | goal ms (H200) | ours / goal "
+             "| peak B/tri | Warp LBVH ms | ours / Warp "
              "| OptiX best-quality ms | ours / OptiX best | OptiX fast-build ms "
              "| ours / OptiX fast |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         ours, warp_ms = r.get("gpu_warm_device_ms"), r.get("warp_build_ms")
         o = optix.get(r["mesh"])
         best = o["build_ms"] + o["compact_ms"] if o else None
         fast = o["fast_build_ms"] if o else None
+        goal = GOAL_H200_MS.get(r["mesh"])
+        peak = r.get("peak_device_bytes")
         lines.append("| " + " | ".join([
-            r["mesh"], fmt(r["triangles"]), fmt(ours, 2), fmt(warp_ms, 2), _ratio(ours, warp_ms),
+            r["mesh"], fmt(r["triangles"]), fmt(ours, 2), fmt(goal, 1), _ratio(ours, goal),
+            fmt(peak / r["triangles"], 0) if peak else "-",
+            fmt(warp_ms, 2), _ratio(ours, warp_ms),
             fmt(best, 2), _ratio(ours, best), fmt(fast, 2), _ratio(ours, fast)]) + " |")
     lines += ["", "| mesh | triangles | GPU warm ms | warm range ms | GPU cold ms "
               "| CPU reference ms | speed-up | levels | loop launches | stage levels | nodes "
@@ -372,7 +388,16 @@ def main(argv=None):
     ap.add_argument("--no-cpu", action="store_true")
     ap.add_argument("--peers-dir", default=str(ROOT / ".peers"),
                     help="folder holding peer_bench.py and results/h200_optix.md")
+    ap.add_argument("--render", metavar="JSON",
+                    help="write the table of an earlier run's JSON (beside it, .md) and stop")
     args = ap.parse_args(argv)
+    if args.render:
+        path = Path(args.render)
+        run = json.loads(path.read_text())
+        md = markdown(run["header"], run["rows"])
+        path.with_suffix(".md").write_text(md)
+        print(md)
+        return
     import cupy
 
     props = cupy.cuda.runtime.getDeviceProperties(0)
