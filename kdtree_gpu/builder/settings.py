@@ -108,6 +108,18 @@ class GpuSettings:
         move memory faster than the loop's fixed grid (measured on an H200:
         the loop wins up to a few million events per level and loses about
         20% at tens of millions).
+    loop_stay_events : int
+        A level the loop runs goes on in the loop while its children hold up
+        to this many events (at least ``loop_max_events``; 0: 1.5 times it):
+        a level whose children grow a little past the entry bound stays in
+        one launch instead of going to the stages. Measured on an H100 (warm builds,
+        three alternating rounds): the armadillo subdivided once (8.3M root
+        events, levels growing to 8.4-8.6M) 31-47 ms with the stay bound at
+        the entry bound (9 levels by stages, the host bound) against 25-27 ms
+        at 1.5x it (every level in the loop); raising the entry bound to 1.5x
+        instead moved a 9-12M-event level of the armadillo subdivided twice
+        into the loop, 1.5 ms more GPU time
+        (benchmarks/results/loop_stay_h100.md).
     loop_one_block_events : int
         Builds whose root level has at most this many events (and no
         perfect splits) run the level-loop kernel compiled for one block a
@@ -213,6 +225,7 @@ class GpuSettings:
 
     level_loop: bool = True
     loop_max_events: int = 1 << 23
+    loop_stay_events: int = 0
     loop_one_block_events: int = 1 << 20
     small_level: int = 1 << 16
     loop_capacity: object = None
@@ -226,6 +239,11 @@ class GpuSettings:
     loop_blocks: int = 0
     clip_segment: int = 8192
     keep_workspace: bool = False
+
+    def loop_stay_bound(self) -> int:
+        """The most events the children of a level the loop runs may hold
+        (``loop_stay_events``)."""
+        return max(self.loop_max_events, self.loop_stay_events or 3 * self.loop_max_events // 2)
 
     def small_refs_for(self, num_refs: int) -> int:
         """``small_refs`` for levels run from a start level of ``num_refs``
@@ -253,7 +271,7 @@ class GpuSettings:
 
     def __post_init__(self):
         limits = {"small_refs": (0, enc.MEDIUM_MAX_REFS), "small_min_refs": (0, None),
-                  "loop_one_block_events": (0, None),
+                  "loop_one_block_events": (0, None), "loop_stay_events": (0, None),
                   "small_records": (0, None),
                   "workspace_block": (1, None), "workspace_budget": (0, None),
                   "loop_blocks": (0, None),

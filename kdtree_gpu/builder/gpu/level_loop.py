@@ -167,9 +167,11 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
         cap_refs, cap_nodes, cap_new, (tree nodes, leaf entries))``; None when the level is
         for the per-stage path: more events than ``settings.loop_max_events``,
         than the resident blocks' scan chunks hold, or, with perfect splits,
-        than a new event's key can number.
+        than a new event's key can number. ``max_events`` is the stay bound
+        (``settings.loop_stay_bound()``) within the same limits.
     """
-    max_events = settings.loop_max_events
+    # (a start level within the entry bound; its children within the stay bound)
+    max_events = settings.loop_stay_bound()
     if resident:
         # the kernel's scans of a level's events (one more item than events)
         # are cut into one chunk per block, each within SCAN_CHUNK_MAX items
@@ -178,7 +180,7 @@ def loop_plan(cfg, settings, num_events: int, num_refs: int, num_nodes: int,
         # a new event's key holds its reference's index below 2**CLIP_KIND_SHIFT,
         # and a level has at most a third as many references as events
         max_events = min(max_events, 3 << enc.CLIP_KIND_SHIFT)
-    if num_events > max_events:
+    if num_events > min(max_events, settings.loop_max_events):
         return None
     # the small-node kernel does not clip: with clip=True no node is deferred
     small = 0 if cfg.clip else settings.small_refs_for(num_refs)
@@ -300,7 +302,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     the loop is launched again from that level with larger buffers
     (:func:`restart_capacity`),
     or, when the level's children would have more than
-    ``settings.loop_max_events`` events, returns that level to the caller
+    ``settings.loop_stay_bound()`` events, returns that level to the caller
     (who runs it with one launch per stage).
 
     With perfect splits (``cfg.clip``, ``loop`` from

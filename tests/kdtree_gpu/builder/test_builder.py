@@ -353,7 +353,7 @@ def test_the_loop_plan_matches_the_first_buffers_of_a_root_level():
     cfg = SAHConfig()
     settings = GpuSettings()
     max_events, small, caps = level_loop.loop_plan(cfg, settings, 600_000, 100_000, 1)
-    assert max_events == settings.loop_max_events and small == settings.small_refs
+    assert max_events == settings.loop_stay_bound() and small == settings.small_refs
     cap_e, cap_r, cap_n, cap_new, cap_tree = caps
     assert (cap_e, cap_r, cap_n, cap_tree) == settings.loop_capacities(600_000, 100_000, small)
     assert cap_new == 0
@@ -438,6 +438,49 @@ def test_loop_grid_from_the_start_level():
 def test_loop_one_block_events_setting_is_checked(bad):
     with pytest.raises(ValueError, match="loop_one_block_events"):
         GpuSettings(loop_one_block_events=bad)
+    with pytest.raises(ValueError, match="loop_stay_events"):
+        GpuSettings(loop_stay_events=bad)
+
+
+def test_the_loop_enters_within_one_bound_and_stays_within_another():
+    cfg = SAHConfig()
+    # default: the children of a level the loop runs may grow to 1.5x the entry bound
+    assert GpuSettings(loop_max_events=4096).loop_stay_bound() == 6144
+    assert GpuSettings(loop_max_events=4096, loop_stay_events=5000).loop_stay_bound() == 5000
+    # (a stay bound below the entry bound is the entry bound)
+    assert GpuSettings(loop_max_events=4096, loop_stay_events=100).loop_stay_bound() == 4096
+    settings = GpuSettings(loop_max_events=4096, loop_stay_events=8192)
+    assert level_loop.loop_plan(cfg, settings, 4097, 1000, 1) is None
+    max_events, _, caps = level_loop.loop_plan(cfg, settings, 4096, 1000, 1)
+    assert max_events == 8192 and caps[0] <= 8192
+    # the stay bound stays within the resident blocks' scan chunks
+    chunk = kd.encoding.SCAN_CHUNK_MAX
+    wide = GpuSettings(loop_max_events=chunk, loop_stay_events=4 * chunk)
+    assert level_loop.loop_plan(cfg, wide, chunk, 1000, 1, resident=2)[0] == 2 * chunk - 1
+
+
+@gpu
+@pytest.mark.parametrize("seed", range(0, 12, 3))
+def test_gpu_a_level_growing_past_the_entry_bound_stays_in_the_loop(seed):
+    # A root level the loop takes whose children grow past loop_max_events stays
+    # in the loop up to loop_stay_events; at a stay bound equal to the entry
+    # bound the same level goes to the stages. Same tree either way.
+    rng = np.random.default_rng(4000 + seed)
+    V, F = (soup(rng, 400, scale=0.05), grid_soup(rng, 300), quads(rng, 60, True))[seed % 3]
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    reference = cpu_reference.build(V, F, cfg)
+    whole = kd.build(V, F, cfg, device="cuda", settings=ALL_LEVELS)
+    sizes = [e for _, _, e in whole.build_info["level_sizes"]]
+    root = sizes[0]
+    assert max(sizes) > root  # (the scenes' levels grow past the root's events)
+    stay = GpuSettings(loop_max_events=root, loop_stay_events=max(sizes), small_refs=0)
+    leave = GpuSettings(loop_max_events=root, loop_stay_events=root, small_refs=0)
+    for settings, staged in ((stay, False), (leave, True)):
+        dirty_device_pool()
+        tree = kd.build(V, F, cfg, device="cuda", settings=settings)
+        assert_same_tree(reference, tree)
+        assert tree.build_info["level_sizes"] == whole.build_info["level_sizes"]
+        assert bool(tree.build_info["stage_levels"]) == staged
 
 
 @gpu
