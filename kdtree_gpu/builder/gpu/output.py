@@ -100,7 +100,8 @@ class TreeOutput:
         self._made()
         page = self.more_nodes if nodes else self.more_leaf
         split = used if page is None else (self.node_split if nodes else self.leaf_split)
-        keep = used - split  # (0 for a first page: nothing to keep)
+        # (0 for a first page, or where the level began in the first block: nothing to keep)
+        keep = max(0, used - split)
         if page is not None:
             rows = max(int(rows) + keep, 2 * (page.size if nodes else page.shape[0]))
         like = page if page is not None else (self.nodes if nodes else self.leaf)
@@ -116,6 +117,29 @@ class TreeOutput:
         self.pooled = True
         del page, like, made
         release_tree_blocks()  # the page this one replaced
+
+    def extend(self, num_nodes: int, num_leaf_refs: int) -> None:
+        """Room for ``num_nodes`` tree nodes and ``num_leaf_refs`` leaf entries
+        without copying what is written: where the first block is short, a
+        second page of nodes and one of leaf entries, cut from one block of
+        the workspace pool, for the indices from the first block's capacity
+        on (nothing of the first block is given up). For the subtree stage's
+        first room: a larger first block (:meth:`reserve`) copied the tree so
+        far and held both blocks during the copy."""
+        self._made()
+        assert self.more_nodes is None and self.more_leaf is None, "extend before add_page"
+        node_split, leaf_split = self.nodes.size, int(self.leaf.shape[0])
+        more = (max(0, int(num_nodes) - node_split), max(0, int(num_leaf_refs) - leaf_split))
+        if not any(more):
+            return
+        shapes = TreeNodeSoA.shapes(1)
+        fields = [((more[0],), dtype) for _, dtype in shapes.values()]
+        fields.append(((more[1],), enc.LEAF_TRIS_DTYPE))
+        with workspace_pooled(), tree_blocks():  # (the build's, whatever its size)
+            made = arrays_in_one_block(self.cp, fields)
+        self.more_nodes, self.node_split = TreeNodeSoA(*made[:4]), node_split
+        self.more_leaf, self.leaf_split = made[4], leaf_split
+        self.pooled = True
 
     def page_args(self) -> tuple:
         """The kernel arguments of both pages: (nodes, leaf list, second page's nodes,
@@ -211,13 +235,19 @@ class TreeOutput:
         def cut(a, n):
             return a[:n] if views else a[:n].copy()
 
-        if self.more_nodes is not None:  # the two pages, joined
+        if self.more_nodes is not None and num_nodes > self.node_split:  # the two pages, joined
             split = self.node_split
             more = self.more_nodes.arrays()
             arrays = {name: self.cp.concatenate([a[:split], more[name][:num_nodes - split]])
                       for name, a in nodes.items()}
         else:
             arrays = {name: cut(a, num_nodes) for name, a in nodes.items()}
-        arrays["leaf_tris"] = self.leaf if final_leaf else cut(self.leaf, num_leaf_refs)
-        self.nodes = self.leaf = self.more_nodes = None
+        if final_leaf:
+            arrays["leaf_tris"] = self.leaf
+        elif self.more_leaf is not None and num_leaf_refs > self.leaf_split:
+            arrays["leaf_tris"] = self.cp.concatenate(
+                [self.leaf[:self.leaf_split], self.more_leaf[:num_leaf_refs - self.leaf_split]])
+        else:
+            arrays["leaf_tris"] = cut(self.leaf, num_leaf_refs)
+        self.nodes = self.leaf = self.more_nodes = self.more_leaf = None
         return arrays

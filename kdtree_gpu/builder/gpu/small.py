@@ -125,9 +125,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         caps = (caps[0] + room_under_peak(state.workspace, out, state, caps,
                                           2 * 2 * cap_events),) + caps[1:]
     cap_tree, cap_leaves, cap_recs, cap_refs = caps[:4]
-    out.reserve(state.level_base + cap_tree, state.leaf_ref_base + cap_leaves,
-                state.level_base, state.leaf_ref_base, exact=True, pooled=True)
-    state.workspace.release_unused()  # the tree's first buffers, where they were the workspace's
+    # (a second page where the tree's block is short: the levels' part is not copied)
+    out.extend(state.level_base + cap_tree, state.leaf_ref_base + cap_leaves)
     # level L reads buffer 1 - L % 2 (level 0: the records) and writes L % 2
     # (both in one block at first: a level that finds its own full gets its own)
     both = _stage_buffers(cp, (2, cap_recs), (2, cap_refs), (2, cap_events))
@@ -162,7 +161,8 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
                         np.int32(first), np.int32(levels), counters, *tree_args, loop_settings),
                        block=enc.SMALL_BLOCK)
                 state.small_launches += 1
-            for level in range(first, levels if grid is None else first):
+            # (else a launch per level, from the first to run)
+            for level in range(first, levels) if grid is None else ():
                 src, dst = buffers[1 - level % 2], buffers[level % 2]
                 in_refs = out.leaf if level == 0 else src[1]
                 if medium is not None:
@@ -272,26 +272,31 @@ def room_under_peak(workspace, out, state, caps, events_bytes=0) -> int:
 
     The estimate (call after the level loop's block went back, when the
     footprint is what lives): the stage holds, beside the rest, the tree's
-    new block and then the largest of the block it replaces (while it is
-    copied), the stage's buffers with the packed leaf list (:func:`pack_leaves`
-    cuts its offsets from the buffers' block), and the copies the finished
-    tree makes (:meth:`.output.TreeOutput.finish`), the last two taken at a
-    first room's worth of leaf entries and nodes. Each added node costs the
-    new block ``_NODE_BYTES``. (On happy Buddha, 100k triangles, an estimate
+    second page (the room the first block lacks: :meth:`.output.TreeOutput.extend`),
+    then the larger of the stage's buffers with the packed leaf list
+    (:func:`pack_leaves` cuts its offsets from the buffers' block) and the
+    copies the finished tree makes (:meth:`.output.TreeOutput.finish`), the
+    last two taken at a first room's worth of leaf entries and nodes. Each
+    added node costs the page ``_NODE_BYTES``, and the copies as much again
+    where they are (or become) the larger. (On happy Buddha, 100k triangles, an estimate
     without the packed leaf list let the peak rise by 22 bytes per triangle
     at 2.5 more nodes per reference.) ``events_bytes``: both buffers of the
     medium nodes' events, beside the stage's other buffers.
     """
     cap_tree, cap_leaves, cap_recs, cap_refs = (int(c) for c in caps[:4])
     leaves = _LEAF_BYTES * (state.leaf_ref_base + cap_leaves)
-    first_room = _NODE_BYTES * (state.level_base + cap_tree) + leaves
+    tree_room = _NODE_BYTES * (state.level_base + cap_tree) + leaves  # (the copies at most)
+    page = (_NODE_BYTES * max(0, state.level_base + cap_tree - out.node_capacity)
+            + _LEAF_BYTES * max(0, state.leaf_ref_base + cap_leaves - out.leaf_capacity))
     # two of each, int32 (and the medium nodes' events: events_bytes)
     buffers = 2 * 4 * (cap_recs * enc.SMALL_RECORD + cap_refs) + events_bytes
-    beside = workspace.footprint() - out.block_bytes
-    need = beside + first_room + max(out.block_bytes, buffers + leaves, first_room)
+    need = workspace.footprint() + page + max(buffers + leaves, tree_room)
     spare = int(workspace.high_water * (1 - PEAK_MARGIN)) - need
     most = int(MORE_NODES_PER_REF * state.deferred_refs)
-    return max(0, min(most, spare // _NODE_BYTES))
+    # a node costs the page its bytes, and the copies as much while they are the larger
+    gap = max(0, buffers + leaves - tree_room)
+    nodes = spare // _NODE_BYTES if spare <= gap else (spare + gap) // (2 * _NODE_BYTES)
+    return max(0, min(most, nodes))
 
 
 def medium_rows(refs: int) -> int:

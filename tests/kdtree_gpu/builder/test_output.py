@@ -163,3 +163,44 @@ def test_an_output_never_reserved_finishes_empty():
     arrays = TreeOutput(np).finish(0, 0)
     assert set(arrays) == {"node_axis", "node_split", "node_child", "node_count", "leaf_tris"}
     assert all(a.shape == (0,) for a in arrays.values())
+
+
+def test_extending_adds_pages_without_copying_the_first_block():
+    # the subtree stage's first room: the levels' part of the tree stays where it is
+    out = TreeOutput(np, 10, 20)
+    first = [*out.nodes.args(), out.leaf]
+    out.nodes.node_child[:6] = np.arange(6)
+    out.leaf[:20] = np.arange(20)
+    out.extend(8, 12)  # within the block: nothing is made
+    assert out.more_nodes is None and out.more_leaf is None and not out.pooled
+    out.extend(25, 30)
+    assert all(a is b for a, b in zip(first, [*out.nodes.args(), out.leaf]))
+    assert (out.node_split, out.leaf_split) == (10, 20)
+    assert (out.node_capacity, out.leaf_capacity) == (25, 30) and out.pooled
+    # the two pages share one block
+    assert out.more_leaf.base is out.more_nodes.node_child.base
+    out.nodes.node_child[6:10] = np.arange(6, 10)
+    out.more_nodes.node_child[:3] = [10, 11, 12]
+    out.more_leaf[:2] = [20, 21]
+    arrays = out.finish(13, 22)
+    assert arrays["node_child"].tolist() == list(range(13))
+    assert arrays["leaf_tris"].tolist() == list(range(22))
+
+
+def test_an_extended_output_that_stays_within_its_first_block_finishes_from_it():
+    out = TreeOutput(np, 10, 20)
+    out.nodes.node_child[:7] = np.arange(7)
+    out.leaf[:5] = np.arange(5)
+    out.extend(40, 40)
+    arrays = out.finish(7, 5)
+    assert arrays["node_child"].tolist() == list(range(7))
+    assert arrays["leaf_tris"].tolist() == list(range(5))
+    assert out.more_nodes is None and out.more_leaf is None
+
+
+def test_a_page_made_again_keeps_nothing_for_a_level_that_began_in_the_first_block():
+    out = TreeOutput(np, 10, 20)
+    out.extend(15, 20)
+    out.more_nodes.node_child[:5] = 7
+    out.add_page(True, 8, 6)  # the level that found room full began at node 8
+    assert out.node_split == 10 and out.more_nodes.size >= 10

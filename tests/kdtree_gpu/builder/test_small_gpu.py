@@ -165,13 +165,14 @@ def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
         == (3, 1, 2, 5, 1)
 
 
-def _room(high_water, deferred_refs=10_000, footprint=3_000_000, block=1_000_000):
+def _room(high_water, deferred_refs=10_000, footprint=3_000_000):
     from types import SimpleNamespace
 
     from kdtree_gpu.builder.gpu.small import room_under_peak
 
     workspace = SimpleNamespace(high_water=high_water, footprint=lambda: footprint)
-    out = SimpleNamespace(block_bytes=block)
+    # the tree's block: room for 600 nodes and the levels' leaf entries
+    out = SimpleNamespace(node_capacity=600, leaf_capacity=deferred_refs)
     state = SimpleNamespace(level_base=500, leaf_ref_base=deferred_refs,
                             deferred_refs=deferred_refs)
     caps = GpuSettings().small_capacities(deferred_refs)
@@ -184,14 +185,19 @@ def test_the_subtree_stage_takes_the_node_room_the_peak_leaves():
     most = int(small.MORE_NODES_PER_REF * 10_000)
     assert _room(0) == 0  # no peak yet: nothing is free
     assert _room(10 ** 12) == most  # at most MORE_NODES_PER_REF per deferred reference
-    # between the two, every node of room costs its bytes of the peak (less the margin)
+    # between the two, every node of room costs its bytes of the peak (less the
+    # margin) in the tree's second page, and as much again once the finished
+    # tree's copies outgrow the stage's buffers (here past 15,546 nodes: the
+    # buffers and packed leaf list, 966,016 bytes, against the copies' 763,908)
     assert small.PEAK_MARGIN == 1 / 16 and small._NODE_BYTES == 13  # (the numbers below)
     free = [h for h in range(0, 40_000_000, 52_000) if 3000 < _room(h) < most - 3000]
-    assert free
-    h = free[len(free) // 2]  # (a multiple of 16: 15/16 of it is exact)
+    assert free  # (each a multiple of 16: 15/16 of it is exact)
+    h = next(h for h in free if _room(h) < 12_000)
     assert _room(h + 20_800) - _room(h) == 1500  # 15/16 of 20,800 bytes: 1500 nodes
     # what lives beside the stage is not free
     assert _room(h, footprint=3_000_000 + 13_000) == _room(h) - 1000
+    h = next(h for h in free if _room(h) > 17_000)
+    assert _room(h + 20_800) - _room(h) == 750  # a page row and a copy's each
 
 
 @gpu
