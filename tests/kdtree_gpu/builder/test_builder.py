@@ -184,17 +184,23 @@ def test_gpu_level_loop_restarts_and_stage_launches_make_the_same_tree(seed):
     assert staged.build_info["level_sizes"] == every.build_info["level_sizes"]
 
 
+def _scene_built_whole(rng_seed, seed):
+    """A generated scene (``seed`` picks its kind and config), the reference's tree,
+    the GPU's built with every level in the loop, and that build's events per level."""
+    rng = np.random.default_rng(rng_seed)
+    V, F = (soup(rng, 400, scale=0.05), grid_soup(rng, 300), quads(rng, 60, True))[seed % 3]
+    cfg = CONFIGS[seed % len(CONFIGS)]
+    reference = cpu_reference.build(V, F, cfg)
+    whole = kd.build(V, F, cfg, device="cuda", settings=ALL_LEVELS)
+    return V, F, cfg, reference, whole, [e for _, _, e in whole.build_info["level_sizes"]]
+
+
 @gpu
 @pytest.mark.parametrize("seed", range(0, 60, 3))
 def test_gpu_large_levels_leave_the_loop_and_small_ones_return(seed):
     # Levels above LOOP_MAX_EVENTS run one launch per stage; the build goes
     # back to the level-loop kernel when levels shrink again.
-    rng = np.random.default_rng(3000 + seed)
-    V, F = (soup(rng, 400, scale=0.05), grid_soup(rng, 300), quads(rng, 60, True))[seed % 3]
-    cfg = CONFIGS[seed % len(CONFIGS)]
-    reference = cpu_reference.build(V, F, cfg)
-    whole = kd.build(V, F, cfg, device="cuda", settings=ALL_LEVELS)
-    sizes = [e for _, _, e in whole.build_info["level_sizes"]]
+    V, F, cfg, reference, whole, sizes = _scene_built_whole(3000 + seed, seed)
     settings = GpuSettings(loop_max_events=int(np.median(sizes)), small_refs=0)
     dirty_device_pool()
     mixed = kd.build(V, F, cfg, device="cuda", settings=settings)
@@ -465,12 +471,7 @@ def test_gpu_a_level_growing_past_the_entry_bound_stays_in_the_loop(seed):
     # A root level the loop takes whose children grow past loop_max_events stays
     # in the loop up to loop_stay_events; at a stay bound equal to the entry
     # bound the same level goes to the stages. Same tree either way.
-    rng = np.random.default_rng(4000 + seed)
-    V, F = (soup(rng, 400, scale=0.05), grid_soup(rng, 300), quads(rng, 60, True))[seed % 3]
-    cfg = CONFIGS[seed % len(CONFIGS)]
-    reference = cpu_reference.build(V, F, cfg)
-    whole = kd.build(V, F, cfg, device="cuda", settings=ALL_LEVELS)
-    sizes = [e for _, _, e in whole.build_info["level_sizes"]]
+    V, F, cfg, reference, whole, sizes = _scene_built_whole(4000 + seed, seed)
     root = sizes[0]
     assert max(sizes) > root  # (the scenes' levels grow past the root's events)
     stay = GpuSettings(loop_max_events=root, loop_stay_events=max(sizes), small_refs=0)
