@@ -22,7 +22,8 @@ from ..soa import BestSplit
 i64, f64 = np.int64, np.float64
 
 
-def _kernel(name):
+def stage_kernel(name):
+    """Kernel ``name`` of ``cuda/build.cu`` (the stages' module)."""
     return get_function("build.cu", name)
 
 
@@ -30,12 +31,12 @@ def _candidate_kernel(name):
     return get_function("cost_candidates.cu", name)
 
 
-_NULL = np.uint64(0)  # a null pointer argument
+NULL = np.uint64(0)  # a null pointer argument
 
 
 def or_null(a):
     """``a``, or a null pointer for ``None`` (an absent field: events without segments)."""
-    return _NULL if a is None else a
+    return NULL if a is None else a
 
 
 @dataclasses.dataclass
@@ -136,9 +137,9 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
     if small:
         open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
-        launch("compute_split_costs: event scan", _kernel("kd_small_event_scan"), enc.SCAN_BLOCK,
-               (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
-        launch("compute_split_costs: costs", _kernel("kd_split_costs"), num_events,
+        launch("compute_split_costs: event scan", stage_kernel("kd_small_event_scan"),
+               enc.SCAN_BLOCK, (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
+        launch("compute_split_costs: costs", stage_kernel("kd_split_costs"), num_events,
                _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
                           event_side, seg_min_cost, seg_best, partial))
         return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
@@ -209,7 +210,7 @@ def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, s
     n = nodes.size
     # the arg-min of the segments that reach past a warp's events in the cost pass
     # (lowest index = lowest position: R8's tie-break)
-    launch("select_best_splits: partial arg-mins", _kernel("kd_argmin_partials"),
+    launch("select_best_splits: partial arg-mins", stage_kernel("kd_argmin_partials"),
            costs.partial.shape[0], (costs.partial, i64(costs.partial.shape[0]),
                                     costs.seg_min_cost, costs.seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
@@ -226,9 +227,9 @@ def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, s
                    i64(small_refs))
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
-        launch("select_best_splits", _kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
+        launch("select_best_splits", stage_kernel("kd_small_select_scan"), enc.SCAN_BLOCK,
                select_args + (split_leaf_ex,))
     else:
-        launch("select_best_splits", _kernel("kd_select_splits"), n, select_args)
+        launch("select_best_splits", stage_kernel("kd_select_splits"), n, select_args)
         split_leaf_ex = inclusive_scan(split_leaf, description="decide_leaves: scan")
     return best, node_split, split_leaf_ex

@@ -30,16 +30,12 @@ from ...kernels import get_function
 from ...launch import launch, stage
 from ...primitives import compact_indices, inclusive_scan_pair, radix_sort, tile_scan
 from ..soa import EventSoA, NodeSoA, RefSoA
-from .level_costs import compute_split_costs_gpu, or_null, select_best_splits_gpu
+from .level_costs import NULL, compute_split_costs_gpu, or_null, select_best_splits_gpu
+from .level_costs import stage_kernel as _kernel
 from .workspace import pooled
 
-_SOURCE = "build.cu"
 _CLIP_SOURCE = "clip.cu"
 i64, f64 = np.int64, np.float64
-
-
-def _kernel(name):
-    return get_function(_SOURCE, name)
 
 
 def _clip_kernel(name):
@@ -187,7 +183,7 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
         child_count = cp.zeros(8 * n + 2, dtype=np.int64)
         child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
         launch("route: child counts", _kernel("kd_child_counts_heads"), 4 * n,
-               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, or_null(None),
+               (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, NULL,
                 node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
                 tile_prefix, head_local, seg_start))
         child_ref_offset, child_event_offset = inclusive_scan_pair(
