@@ -132,11 +132,8 @@ class TreeOutput:
         more = (max(0, int(num_nodes) - node_split), max(0, int(num_leaf_refs) - leaf_split))
         if not any(more):
             return
-        shapes = TreeNodeSoA.shapes(1)
-        fields = [((more[0],), dtype) for _, dtype in shapes.values()]
-        fields.append(((more[1],), enc.LEAF_TRIS_DTYPE))
-        with workspace_pooled(), tree_blocks():  # (the build's, whatever its size)
-            made = arrays_in_one_block(self.cp, fields)
+        with workspace_pooled():  # (the build's, whatever its size)
+            made = self._block([more[0]] * 4 + [more[1]])
         self.more_nodes, self.node_split = TreeNodeSoA(*made[:4]), node_split
         self.more_leaf, self.leaf_split = made[4], leaf_split
         self.pooled = True
@@ -152,14 +149,18 @@ class TreeOutput:
                 np.int64(self.node_split), np.int64(self.leaf_split),
                 np.int64(self.node_capacity), np.int64(self.leaf_capacity))
 
+    def _block(self, rows) -> list:
+        """The four node arrays and the leaf list at ``rows`` rows (five numbers),
+        cut from one block of the tree pool (:func:`.workspace.tree_blocks`)."""
+        fields = [((r,), dtype) for r, (_, dtype) in zip(rows, TreeNodeSoA.shapes(1).values())]
+        fields.append(((rows[4],), enc.LEAF_TRIS_DTYPE))
+        with tree_blocks():
+            return arrays_in_one_block(self.cp, fields)
+
     def _make(self, rows, keep, old):
         """The five buffers at ``rows`` rows in one new block, holding the first
         ``keep`` rows of the ``old`` ones."""
-        shapes = TreeNodeSoA.shapes(1)
-        fields = [((r,), dtype) for r, (_, dtype) in zip(rows, shapes.values())]
-        fields.append(((rows[4],), enc.LEAF_TRIS_DTYPE))
-        with tree_blocks():
-            made = arrays_in_one_block(self.cp, fields)
+        made = self._block(rows)
         self.block_bytes = sum(a.nbytes for a in made)
         for a, view, k in zip(old or (), made, keep):
             k = min(int(k), a.shape[0], view.shape[0])
