@@ -1,6 +1,7 @@
 """One JSON line for one mesh: warm ``kd.build`` ms from CuPy arrays (CUDA events, median of
 $REPS, default 15, after two), and from one ``kd.build(profile=True)`` the subtree stage's
-ms, the sum of the profile's top-level rows and the peak bytes per triangle. The package is
+ms, the level loop's, the staged cost passes' and scatters', the sum of the profile's
+top-level rows and the peak bytes per triangle. The package is
 whichever ``kdtree_gpu`` is first on PYTHONPATH, so that two commits can run in alternating
 fresh processes::
 
@@ -38,6 +39,9 @@ print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sy
                   "ms": round(float(np.median(T)), 3), "digest": h.hexdigest()[:12],
                   "peak_B_per_tri": round(tree.build_info["peak_device_bytes"] / int(F.shape[0]), 1),
                   "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),
+                  "loop_ms": round(prof.get("build_levels_grid", {}).get("total_ms", 0), 3),
+                  "costs_ms": round(prof.get("compute_split_costs: costs", {}).get("total_ms", 0), 3),
+                  "scatter_ms": round(prof.get("split_refs_and_events", {}).get("total_ms", 0), 3),
                   "kernels_ms": round(sum(v["total_ms"] for v in prof.values() if not v.get("nested")), 3),
                   **({"relaunches": tree.build_info["scatter_relaunches"],
                       "stage_levels": len(tree.build_info["stage_levels"])}

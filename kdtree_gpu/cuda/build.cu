@@ -37,7 +37,8 @@ kd_split_costs(KD_COST_HEAD_PARAMS, const long long* __restrict__ open_close_ex,
                KD_COST_TAIL_PARAMS)
 {
     const KdCostArgs a = KD_COST_ARGS(KdPackedScan(open_close_ex));
-    kd_split_cost_warp(a, kd_tid() & ~31ll, partial);
+    kd_split_cost_warp(a, kd_tid() & ~31ll, partial,
+                       [&](long long e) { return a.event_seg.derived_node_of(e); });
 }
 
 // The arg-min of the segments that reach past a warp's events in kd_split_costs: its
@@ -342,7 +343,8 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
     if (ref < 0) return;
     const long long lr =
         event_tile_prefix[i / KD_SCAN_TILE] + kd_lr64(chunk_local[i >> 5] + x - flags);
-    kd_scatter_event(a, i, ref, cls, [&](long long) { return lr_ref; }, [&]() { return lr; },
+    kd_scatter_event(a, i, ref, a.event_seg.derived_node(ref), cls,
+                     [&](long long) { return lr_ref; }, [&]() { return lr; },
                      [&](int seg) { return seg_start[seg]; });
 }
 

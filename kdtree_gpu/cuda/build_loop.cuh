@@ -37,6 +37,33 @@ __device__ __forceinline__ void kd_grid_for(long long n, Body body)
         body(base + threadIdx.x);
 }
 
+// kd_grid_for over a level's n items, of which those below num_events are its
+// events: body(e, ref, node) with event e's reference (event_ref[e]) and that
+// reference's node (ref_node[ref]), 0 past num_events. Both are loaded ahead,
+// the reference two iterations before its event's and the node one: the cost
+// pass and the scatter wait mostly on chains of dependent loads (event ->
+// reference -> node -> the node's offsets -> the scans at its segment), and
+// this takes the chain's first two links out of each iteration.
+template <typename Body>
+__device__ __forceinline__ void kd_grid_for_events(long long n, long long num_events,
+                                                   const int* event_ref, const int* ref_node,
+                                                   Body body)
+{
+    const long long stride = (long long)gridDim.x * KD_LOOP_BLOCK;
+    long long e = (long long)blockIdx.x * KD_LOOP_BLOCK + threadIdx.x;
+    const auto ref_at = [&](long long i) { return i < num_events ? event_ref[i] : 0; };
+    int ref = ref_at(e), ref_next = ref_at(e + stride);
+    int node = e < num_events ? ref_node[ref] : 0;
+    for (long long base = e - threadIdx.x; base < n; base += stride, e += stride) {
+        const int node_next = e + stride < num_events ? ref_node[ref_next] : 0;
+        const int ref_after = ref_at(e + 2 * stride);
+        body(e, ref, node);
+        ref = ref_next;
+        ref_next = ref_after;
+        node = node_next;
+    }
+}
+
 // Grid-wide inclusive scan of n values load(i) into out, in two halves with a
 // grid barrier between them, so that several scans (and other work) share
 // their barriers. Block b owns the contiguous chunk [begin, end) of the input.
@@ -230,8 +257,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, {nullptr, nullptr}, event_side,
                            s.seg_min_cost, s.seg_best};
-        kd_grid_for(num_events, [&](long long e) {
-            kd_split_cost_warp(cost, e & ~31ll, partial_rows);
+        kd_grid_for_events(num_events, num_events, ref, node, [&](long long e, int, int nd) {
+            kd_split_cost_warp(cost, e & ~31ll, partial_rows, [&](long long) { return nd; });
             // with perfect splits, each reference's box in its node (R2)
             if (clip && e < num_events)
                 kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
@@ -447,7 +474,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
                                  child_pos, child_kind, child_ref, nullptr, clip,
                                  clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};
-        kd_grid_for(num_items, [&](long long i) { kd_scatter_item(scatter, i); });
+        kd_grid_for_events(num_items, num_events, ref, node,
+                           [&](long long i, int r, int nd) { kd_scatter_item(scatter, i, r, nd); });
         if (leader) {
             status[KD_LOOP_SLOTS + 3 * level] = n;
             status[KD_LOOP_SLOTS + 3 * level + 1] = num_refs;

@@ -445,12 +445,12 @@ __device__ __forceinline__ void kd_put_event(const KdScatterArgs& a, long long d
 // again (kd_scatter_chunks).
 template <typename EventScan, typename SegStart, typename LrAt>
 __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long long i, int ref,
-                                                 unsigned char cls, LrAt lr_ref,
+                                                 int known_node, unsigned char cls, LrAt lr_ref,
                                                  EventScan lr_of, SegStart seg_start)
 {
     if (cls == 0 || (a.clip && cls == KD_CLASS_BOTH)) return;
     int node, axis;
-    const int seg = a.event_seg.of_ref(i, ref, node, axis);
+    const int seg = a.event_seg.of_node(i, known_node, node, axis);
     long long rl, rr;
     kd_ref_destinations(ref, node, lr_ref, a.ref_lr_ex, a.node_ref_offset, a.split_leaf_ex,
                         a.child_ref_offset, &rl, &rr);
@@ -469,16 +469,24 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
     }
 }
 
-__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+// Reference i and event i; ref: event i's reference and known_node what
+// of_node needs of it (the level loop loads both ahead, kd_grid_for_events).
+__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i, int ref,
+                                                int known_node)
 {
     if (i < a.num_refs) kd_scatter_ref(a, i);
     if (i < a.num_events) {
-        const int ref = a.event_ref[i];
-        kd_scatter_event(a, i, ref, a.ref_class[ref],
+        kd_scatter_event(a, i, ref, known_node, a.ref_class[ref],
                          [&](long long r) { return a.ref_lr_ex[r]; },
                          [&]() { return a.event_lr_ex[i]; },
                          [&](int seg) { return a.event_lr_ex[a.seg_event_offset[seg]]; });
     }
+}
+
+__device__ __forceinline__ void kd_scatter_item(const KdScatterArgs& a, long long i)
+{
+    const int ref = i < a.num_events ? a.event_ref[i] : 0;
+    kd_scatter_item(a, i, ref, i < a.num_events ? a.event_seg.derived_node(ref) : 0);
 }
 
 // --- route_events and split_events of the stages' large levels -------------------

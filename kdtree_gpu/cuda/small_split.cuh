@@ -208,12 +208,24 @@ __device__ __forceinline__ KdSmallSplit kd_tiny_best_split(const int* tri,
             hi_a[q] = q < r ? tri_hi[3 * tri[q] + axis] : __int_as_float(0x7f800000);
         }
         const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
+        // The candidates first, as bits 2q (lo) and 2q + 1 (hi) of reference q:
+        // a plane strictly inside the box, and a planar reference's one event.
+        // A thread then visits its own candidates only: most of a tiny node's
+        // bounds lie on or outside its box, and a loop over all 2r of them ran
+        // its body with 7 of a warp's 32 lanes (H100, ncu, 5.5M triangles).
+        unsigned todo = 0;
+#pragma unroll
+        for (int q = 0; q < KD_SMALL_TINY_REFS; ++q) {
+            const bool live = q < r;
+            todo |= (unsigned)(live && lo_a[q] > lo_k && lo_a[q] < hi_k) << (2 * q);
+            todo |= (unsigned)(live && hi_a[q] != lo_a[q] && hi_a[q] > lo_k && hi_a[q] < hi_k)
+                    << (2 * q + 1);
+        }
 #pragma unroll 1
-        for (int c = 0; c < 2 * r; ++c) {
-            const float lo_q = kd_pick_tiny(lo_a, c >> 1);
-            const float p = c & 1 ? kd_pick_tiny(hi_a, c >> 1) : lo_q;
-            if ((c & 1) && p == lo_q) continue;  // planar: one event
-            if (!(p > lo_k && p < hi_k)) continue;
+        for (; todo; todo &= todo - 1) {
+            const int c = __ffs(todo) - 1;
+            const float p_lo = kd_pick_tiny(lo_a, c >> 1), p_hi = kd_pick_tiny(hi_a, c >> 1);
+            const float p = c & 1 ? p_hi : p_lo;  // (selects: no indexed register array)
             int n_left = 0, n_closed = 0, n_planar = 0;
 #pragma unroll
             for (int t = 0; t < KD_SMALL_TINY_REFS; ++t) {

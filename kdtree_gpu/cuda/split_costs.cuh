@@ -91,6 +91,22 @@ struct KdEventSegment {
     {
         return of_ref(e, seg ? 0 : event_ref[e], node, ax);
     }
+    // The same where the caller loaded the node of a derived segment
+    // (derived_node: the level loop loads it an iteration ahead); a stored
+    // segment gives its own, and `known` is not read.
+    __device__ __forceinline__ int of_node(long long e, int known, int& node, int& ax) const
+    {
+        if (seg) return of_ref(e, 0, node, ax);
+        node = known;
+        ax = offset_axis(e);
+        return (int)(ax * num_nodes + node);
+    }
+    // what of_node needs of an event of reference ref (0 where segments are stored)
+    __device__ __forceinline__ int derived_node(int ref) const { return seg ? 0 : ref_node[ref]; }
+    __device__ __forceinline__ int derived_node_of(long long e) const
+    {
+        return seg ? 0 : ref_node[event_ref[e]];
+    }
 };
 
 // The packed (opens, closes) value of event i - 1, and 0 for i = 0, so that the
@@ -336,15 +352,21 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
 // slower. (Two passes over the events, a cost pass and an arg-min pass that
 // computed the near-minima again from stored 32-bit keys, took 29 ms of a
 // 5.5M-triangle build on an H100.)
+//
+// node_of(e): event e's node, for a live e: the level loop passes the one it
+// loaded an iteration ahead (kd_grid_for_events), the stages' launch asks
+// the event's segment.
+template <typename NodeOf>
 __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
-                                                   unsigned long long* partial_rows)
+                                                   unsigned long long* partial_rows,
+                                                   NodeOf node_of)
 {
     const int lane = threadIdx.x & 31;
     if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform, and no rows)
     const long long e = w0 + lane;
     const bool live = e < a.num_events;
     int node = 0, axis = 0;
-    const int seg = live ? a.event_seg.of(e, node, axis) : -1;
+    const int seg = live ? a.event_seg.of_node(e, node_of(e), node, axis) : -1;
     signed char side = KD_SIDE_LEFT;
     double cost = __longlong_as_double((long long)KD_INF_BITS);  // +inf: not a candidate
     if (live) {
