@@ -353,9 +353,10 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
 // computed the near-minima again from stored 32-bit keys, took 29 ms of a
 // 5.5M-triangle build on an H100.)
 //
-// node_of(e): event e's node, for a live e: the level loop passes the one it
-// loaded an iteration ahead (kd_grid_for_events), the stages' launch asks
-// the event's segment.
+// node_of(e): what of_node needs of a live event e: the level loop passes the
+// node it loaded an iteration ahead (kd_grid_for_events); the stages' launch
+// loads it through the reference where segments are derived
+// (KdEventSegment::derived_node_of), and a stored segment gives its own.
 template <typename NodeOf>
 __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
                                                    unsigned long long* partial_rows,
