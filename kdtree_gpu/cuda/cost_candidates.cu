@@ -78,8 +78,7 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
         const long long i = base + 32 * j;
         cand[j] = false;
         if (i < num_events) {
-            int node, axis;
-            const int s = event_seg ? event_seg[i] : segment.of(i, node, axis);
+            const int s = segment.index(i);
             const float p = event_pos[i];
             const float2 r = seg_range[s];
             // a run head: it starts its segment's events or follows another position

@@ -74,32 +74,29 @@ struct KdEventSegment {
     {
         return seg ? (int)(seg[e] / num_nodes) : offset_axis(e);
     }
-    // event e's segment, and its node and axis; ref: its reference (event_ref[e])
-    __device__ __forceinline__ int of_ref(long long e, int ref, int& node, int& ax) const
+    // Event e's segment, and its node and axis, where `known` is its node as
+    // derived_node_of(e) gives it: the level loop loads that an iteration
+    // ahead (kd_grid_for_events); a stored segment gives its own, and `known`
+    // is not read.
+    __device__ __forceinline__ int of_node(long long e, int known, int& node, int& ax) const
     {
+        ax = offset_axis(e);
         if (seg) {
-            ax = offset_axis(e);
             const int s = seg[e];
             node = (int)(s - ax * num_nodes);
             return s;
         }
-        node = ref_node[ref];
-        ax = offset_axis(e);
+        node = known;
         return (int)(ax * num_nodes + node);
     }
     __device__ __forceinline__ int of(long long e, int& node, int& ax) const
     {
-        return of_ref(e, seg ? 0 : event_ref[e], node, ax);
+        return of_node(e, derived_node_of(e), node, ax);
     }
-    // The same where the caller loaded the node of a derived segment
-    // (derived_node: the level loop loads it an iteration ahead); a stored
-    // segment gives its own, and `known` is not read.
-    __device__ __forceinline__ int of_node(long long e, int known, int& node, int& ax) const
+    // The segment alone (no node or axis asked: a stored one is one load).
+    __device__ __forceinline__ int index(long long e) const
     {
-        if (seg) return of_ref(e, 0, node, ax);
-        node = known;
-        ax = offset_axis(e);
-        return (int)(ax * num_nodes + node);
+        return seg ? seg[e] : (int)(offset_axis(e) * num_nodes + ref_node[event_ref[e]]);
     }
     // what of_node needs of an event of reference ref (0 where segments are stored)
     __device__ __forceinline__ int derived_node(int ref) const { return seg ? 0 : ref_node[ref]; }

@@ -214,33 +214,38 @@ def emit_level_gpu(cp, nodes, node_split, best, split_leaf_ex, level_base, leaf_
     return child_nodes
 
 
+def child_arrays(cp, num_child_refs: int, num_child_events: int, segments: bool) -> tuple:
+    """The (RefSoA, EventSoA) a level's scatter writes its children to, with rows for
+    these counts (the read ones, or a guess made before the read: :func:`child_room`).
+    The events store their segments with ``segments``: perfect splits (their
+    kernels read them), or children run one launch per stage, whose cost pass
+    and scatter then need no gather through the reference
+    (:func:`staged_segments`); else ``event_seg`` is ``None`` (4 bytes per
+    event less)."""
+    return (RefSoA.allocate(cp, num_child_refs),
+            EventSoA.allocate_level(cp, num_child_events, segments=segments))
+
+
 def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, event_scan,
                               split_leaf_ex, child_ref_offset, child_event_offset,
-                              num_child_refs, num_child_events, leaf_ref_base, leaf_tris,
-                              clip=False, segments=False, children=None):
+                              leaf_ref_base, leaf_tris, children, clip=False):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
-    (with ``clip``, without the straddling references' events). The child
-    events store their segments with ``clip`` (its kernels read them) or
-    ``segments`` (the builder asks for them where the children run one launch
-    per stage, whose cost pass and scatter then need no gather through the
-    reference); else ``event_seg`` is ``None`` (4 bytes per event less).
-    ``event_scan`` is :func:`route_to_children_gpu`'s: with a
-    :class:`TiledEventScan`, each warp scans its 32 events again.
+    (with ``clip``, without the straddling references' events; those need
+    children that store their segments). ``event_scan`` is
+    :func:`route_to_children_gpu`'s: with a :class:`TiledEventScan`, each
+    warp scans its 32 events again.
 
-    ``children``: the (RefSoA, EventSoA) to write, made by the caller at a
-    guess of the counts (:func:`child_room`) before it read them; a copy
-    bound past their rows is not written (then ``num_child_*`` are ignored).
-    ``leaf_tris`` must have room for the level's leaf entries.
+    ``children``: the (RefSoA, EventSoA) to write (:func:`child_arrays`), at
+    the counts or at a guess of them made before they were read; a copy
+    bound past their rows is not written. ``leaf_tris`` must have room for
+    the level's leaf entries.
 
     Returns
     -------
     RefSoA, EventSoA
-        The next level's references and events (``children`` when given).
+        ``children``, written.
     """
-    if children is None:
-        children = (RefSoA.allocate(cp, num_child_refs),
-                    EventSoA.allocate_level(cp, num_child_events, segments=clip or segments))
     child_refs, child_events = children
     if isinstance(event_scan, TiledEventScan):
         kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
@@ -424,10 +429,8 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
     guessed = None
     if guess is not None:
         with children():
-            guessed = (RefSoA.allocate(cp, guess[0]), EventSoA.allocate_level(
-                cp, guess[1], segments=cfg.clip or staged_segments(settings, guess[1])))
-            split_refs_and_events_gpu(*scatter, 0, 0, leaf_ref_base, out.leaf, cfg.clip,
-                                      children=guessed)
+            guessed = child_arrays(cp, *guess, cfg.clip or staged_segments(settings, guess[1]))
+            split_refs_and_events_gpu(*scatter, leaf_ref_base, out.leaf, guessed, cfg.clip)
     with stage(xp=cp, description="read_level_counts"):
         counts = reader.result()
     num_split, num_child_refs, num_child_events, num_leaf_refs = counts[:4]
@@ -448,8 +451,8 @@ def build_level_stages(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings,
             child_events = guessed[1].prefix(num_child_events)
         else:
             child_refs, child_events = split_refs_and_events_gpu(
-                *scatter, num_child_refs, num_child_events, leaf_ref_base, out.leaf, cfg.clip,
-                segments)
+                *scatter, leaf_ref_base, out.leaf,
+                child_arrays(cp, num_child_refs, num_child_events, cfg.clip or segments), cfg.clip)
         del guessed
         node_ref_offset = child_ref_offset[:2 * num_split + 1]
         seg_event_offset = child_event_offset[:6 * num_split + 1]

@@ -233,22 +233,17 @@ class TreeOutput:
         views = (not self.pooled and self.block_bytes < keep_below
                  and self.block_bytes - used <= VIEW_SLACK)
 
-        def cut(a, n):
-            return a[:n] if views else a[:n].copy()
+        def joined(first, more, split, n):
+            # the first n rows: the first page's below split, then the second
+            # page's (add_page, extend); one page's cut or viewed
+            if more is not None and n > split:
+                return self.cp.concatenate([first[:split], more[:n - split]])
+            return first[:n] if views else first[:n].copy()
 
-        if self.more_nodes is not None and num_nodes > self.node_split:  # the two pages, joined
-            split = self.node_split
-            more = self.more_nodes.arrays()
-            arrays = {name: self.cp.concatenate([a[:split], more[name][:num_nodes - split]])
-                      for name, a in nodes.items()}
-        else:
-            arrays = {name: cut(a, num_nodes) for name, a in nodes.items()}
-        if final_leaf:
-            arrays["leaf_tris"] = self.leaf
-        elif self.more_leaf is not None and num_leaf_refs > self.leaf_split:
-            arrays["leaf_tris"] = self.cp.concatenate(
-                [self.leaf[:self.leaf_split], self.more_leaf[:num_leaf_refs - self.leaf_split]])
-        else:
-            arrays["leaf_tris"] = cut(self.leaf, num_leaf_refs)
+        more = self.more_nodes.arrays() if self.more_nodes is not None else {}
+        arrays = {name: joined(a, more.get(name), self.node_split, num_nodes)
+                  for name, a in nodes.items()}
+        arrays["leaf_tris"] = self.leaf if final_leaf else joined(
+            self.leaf, self.more_leaf, self.leaf_split, num_leaf_refs)
         self.nodes = self.leaf = self.more_nodes = self.more_leaf = None
         return arrays

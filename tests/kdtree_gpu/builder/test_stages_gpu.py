@@ -19,9 +19,9 @@ from kdtree_gpu import SAHConfig
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder.gpu.level_costs import (compute_split_costs_gpu, event_costs,
                                                 select_best_splits_gpu)
-from kdtree_gpu.builder.gpu.level_stages import (classify_triangles_gpu, clip_straddling_gpu,
-                                                 emit_level_gpu, reference_boxes_gpu,
-                                                 route_to_children_gpu,
+from kdtree_gpu.builder.gpu.level_stages import (child_arrays, classify_triangles_gpu,
+                                                 clip_straddling_gpu, emit_level_gpu,
+                                                 reference_boxes_gpu, route_to_children_gpu,
                                                  split_refs_and_events_gpu)
 from kdtree_gpu.builder.gpu.output import TreeOutput
 from kdtree_gpu.builder.gpu.root import create_root_events_cuda
@@ -118,8 +118,8 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
         equal(got[lvl.level_base:lvl.level_base + n], expected, f"emit_level, {where}: {name}")
     child_refs, child_events = split_refs_and_events_gpu(
         cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_scan, split_leaf_ex,
-        child_ref_offset, child_event_offset, counts[1], counts[2], lvl.leaf_ref_base, out.leaf,
-        cfg.clip, segments=True)
+        child_ref_offset, child_event_offset, lvl.leaf_ref_base, out.leaf,
+        child_arrays(cp, counts[1], counts[2], segments=True), cfg.clip)
     scatter = (cp, lvl.refs, lvl.events, lvl.nodes, ref_class, ref_lr_ex, event_scan,
                split_leaf_ex, child_ref_offset, child_event_offset)
     check_guessed_rooms(cp, scatter, lvl.leaf_ref_base, out.leaf, cfg.clip,
@@ -155,8 +155,8 @@ def check_guessed_rooms(cp, scatter, leaf_ref_base, leaf, clip, exact, where):
         for soa in guessed:
             for a in soa.args():
                 a.fill(np.nan if a.dtype.kind == "f" else -3)
-        split_refs_and_events_gpu(*scatter, 0, 0, leaf_ref_base, leaf, clip,
-                                  children=tuple(g.prefix(r) for g, r in zip(guessed, room)))
+        split_refs_and_events_gpu(*scatter, leaf_ref_base, leaf,
+                                  tuple(g.prefix(r) for g, r in zip(guessed, room)), clip)
         for got_soa, want_soa, r, what in zip(guessed, exact, room, ("split_refs", "split_events")):
             for got, want in zip(got_soa.args(), want_soa.args()):
                 k = min(r, want.shape[0])
