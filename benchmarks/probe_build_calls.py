@@ -10,10 +10,12 @@ events around it::
     python benchmarks/probe_build_calls.py stanford_bunny [MESH ...]
 
 ``KEEP=1`` builds with ``GpuSettings(keep_workspace=True)`` (the workspace's blocks are
-kept between builds: no device allocation or free in a warm build).
+kept between builds: no device allocation or free in a warm build); ``KD_SETTINGS`` (JSON)
+gives other ``GpuSettings`` fields, e.g. ``KD_SETTINGS='{"loop_one_block_events": 4194304}'``.
 """
 import functools
 import importlib
+import json
 import os
 import sys
 import time
@@ -100,7 +102,10 @@ def one(V, F, settings, show):
 
 def main():
     install()
-    settings = GpuSettings(keep_workspace=True) if os.environ.get("KEEP") else None
+    fields = json.loads(os.environ.get("KD_SETTINGS") or "{}")
+    if os.environ.get("KEEP"):
+        fields["keep_workspace"] = True
+    settings = GpuSettings(**fields) if fields else None
     for name in sys.argv[1:]:
         V, F = load(name, os.environ["KDTREE_GPU_MESH_DIR"])
         V, F = cupy.asarray(V), cupy.asarray(F)
@@ -110,7 +115,7 @@ def main():
         rows.sort(key=lambda r: r[2])
         host, wall, gpu = rows[len(rows) // 2]
         print(f"== {name} ({F.shape[0]} triangles, {cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}"
-              f", keep_workspace={bool(settings)})")
+              f", settings {fields or 'default'})")
         print(f"  unwrapped warm builds (median of 7): host returns at {host:.2f} ms, "
               f"synchronized {wall:.2f} ms, CUDA events {gpu:.2f} ms")
         t0, host, wall, gpu = one(V, F, settings, True)
