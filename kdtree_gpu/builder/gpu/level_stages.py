@@ -231,10 +231,10 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
                               leaf_ref_base, leaf_tris, children, clip=False):
     """split_refs and split_events: stable compaction into the children (and
     the level's leaf lists into ``leaf_tris``), order kept, nothing re-sorted
-    (with ``clip``, without the straddling references' events; those need
-    children that store their segments). ``event_scan`` is
-    :func:`route_to_children_gpu`'s: with a :class:`TiledEventScan`, each
-    warp scans its 32 events again.
+    (with ``clip``, without the straddling references' events, into children
+    that store their segments, which the clipping kernels read).
+    ``event_scan`` is :func:`route_to_children_gpu`'s: with a
+    :class:`TiledEventScan`, each warp scans its 32 events again.
 
     ``children``: the (RefSoA, EventSoA) to write (:func:`child_arrays`), at
     the counts or at a guess of them made before they were read; a copy
@@ -247,6 +247,9 @@ def split_refs_and_events_gpu(cp, refs, events, nodes, ref_class, ref_lr_ex, eve
         ``children``, written.
     """
     child_refs, child_events = children
+    if clip and child_events.event_seg is None:
+        raise ValueError("split_refs_and_events_gpu: with clip the children must store their "
+                         "segments (child_arrays(..., segments=True))")
     if isinstance(event_scan, TiledEventScan):
         kernel = _kernel("kd_scatter_chunks")  # (each warp scans its events again)
         scan = (event_scan.tile_prefix, event_scan.chunk_local, event_scan.seg_start)
