@@ -242,6 +242,12 @@ def run_meshes(result, meshes, bench_one, markdown, out, stem):
     return 0
 
 
+def kernels_ms(profile: dict) -> float:
+    """The GPU time of a profiled build: the sum of its profile's top-level rows
+    (``build_info["profile"]``; a nested row ran inside a stage already counted)."""
+    return sum(v["total_ms"] for v in profile.values() if not v.get("nested"))
+
+
 def md_row(*cells) -> str:
     """One Markdown table row from its cells (numbers formatted by the caller)."""
     return "| " + " | ".join(str(c) for c in cells) + " |"

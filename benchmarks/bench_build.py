@@ -47,7 +47,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
-from _common import git_commit, gpu_time_ms, optix_table, utc_now  # noqa: E402
+from _common import git_commit, gpu_time_ms, kernels_ms, optix_table, utc_now  # noqa: E402
 
 import cpu_reference  # noqa: E402
 import kdtree_gpu as kd  # noqa: E402
@@ -240,7 +240,7 @@ def bench_mesh(spec, args, copy_gbs, warp=None):
     row["peak_device_bytes"] = tree.build_info.get("peak_device_bytes")
     prof = tree.build_info["profile"]
     row["profile"] = prof
-    row["kernels_ms"] = sum(v["total_ms"] for v in prof.values() if not v.get("nested"))
+    row["kernels_ms"] = kernels_ms(prof)
     row["profile_table"] = tree.build_info["profile_table"]
     row["level_sizes"] = tree.build_info["level_sizes"]
     row["stage_bandwidth"] = stage_bandwidth(prof, tree.build_info["level_sizes"],

@@ -17,6 +17,7 @@ import os, sys, json, hashlib
 sys.path.insert(0, os.path.join(os.getcwd(), "benchmarks"))
 import cupy, numpy as np
 import kdtree_gpu as kd
+from _common import kernels_ms
 from bench_build import load
 V, F = load(sys.argv[1], os.environ["KDTREE_GPU_MESH_DIR"])
 V, F = cupy.asarray(V), cupy.asarray(F)
@@ -42,7 +43,7 @@ print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sy
                   "loop_ms": round(prof.get("build_levels_grid", {}).get("total_ms", 0), 3),
                   "costs_ms": round(prof.get("compute_split_costs: costs", {}).get("total_ms", 0), 3),
                   "scatter_ms": round(prof.get("split_refs_and_events", {}).get("total_ms", 0), 3),
-                  "kernels_ms": round(sum(v["total_ms"] for v in prof.values() if not v.get("nested")), 3),
+                  "kernels_ms": round(kernels_ms(prof), 3),
                   **({"relaunches": tree.build_info["scatter_relaunches"],
                       "stage_levels": len(tree.build_info["stage_levels"])}
                      if "scatter_relaunches" in tree.build_info else {})}), flush=True)
