@@ -70,15 +70,13 @@ kd_build_medium_level(const float* __restrict__ tri_lo, const float* __restrict_
                       long long events_capacity, KD_SMALL_TREE_PARAMS, KdLoopSettings cfg)
 {
     __shared__ KdMediumShared sh;
-    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
     __shared__ unsigned long long before[2];
     if (!kd_small_level_start(counters, level, before)) return;
-    const KdSmallLevel L = {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW,
-                            out_rec, out_refs, out_medium, in_events, out_events, rec_capacity,
-                            ref_capacity, medium_capacity, events_capacity, node_capacity,
-                            leaf_capacity, before[0], before[1],
-                            {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
-    const long long num = (long long)row[KD_SMALL_LEVEL_MEDIUM];
+    const KdSmallLevel L = kd_small_level(tri_lo, tri_hi, in_refs, counters, level, out_rec,
+                                          out_refs, rec_capacity, ref_capacity, out_medium,
+                                          in_events, out_events, medium_capacity,
+                                          events_capacity, before, KD_SMALL_TREE_ARGS);
+    const long long num = (long long)L.row[KD_SMALL_LEVEL_MEDIUM];
     for (long long m = blockIdx.x; m < num; m += gridDim.x)
         kd_medium_node(L, in_medium + m * KD_MEDIUM_RECORD, cfg, sh);
 }

@@ -217,19 +217,34 @@ __device__ __forceinline__ bool kd_small_level_start(unsigned long long* counter
 #define KD_SMALL_TREE_ARGS \
     out, leaf_tris, out_more, leaf_more, node_split, leaf_split, node_capacity, leaf_capacity
 
-// A level of warp and thread nodes (their children are never medium): reads
-// in_refs, writes out_rec/out_refs (rec_capacity, ref_capacity rows), after
-// the tree nodes and leaf entries `before` (kd_small_level_start's).
+// Level `level` of the subtrees: reads in_refs, writes out_rec/out_refs
+// (rec_capacity, ref_capacity rows) and, for the medium nodes' children,
+// out_medium with their events out_events (medium_capacity records,
+// events_capacity events; a medium node's own events are in_events), after the
+// tree nodes and leaf entries `before` (kd_small_level_start's).
+__device__ __forceinline__ KdSmallLevel kd_small_level(
+    const float* tri_lo, const float* tri_hi, const int* in_refs,
+    unsigned long long* counters, int level, int* out_rec, int* out_refs, long long rec_capacity,
+    long long ref_capacity, int* out_medium, const unsigned short* in_events,
+    unsigned short* out_events, long long medium_capacity, long long events_capacity,
+    const unsigned long long* before, KD_SMALL_TREE_PARAMS)
+{
+    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
+    return {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW, out_rec, out_refs,
+            out_medium, in_events, out_events, rec_capacity, ref_capacity, medium_capacity,
+            events_capacity, node_capacity, leaf_capacity, before[0], before[1],
+            {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
+}
+
+// A level of warp and thread nodes (their children are never medium).
 __device__ __forceinline__ KdSmallLevel kd_small_warp_level(
     const float* tri_lo, const float* tri_hi, const int* in_refs,
     unsigned long long* counters, int level, int* out_rec, int* out_refs, long long rec_capacity,
     long long ref_capacity, const unsigned long long* before, KD_SMALL_TREE_PARAMS)
 {
-    unsigned long long* row = counters + KD_SMALL_COUNTERS + (long long)KD_SMALL_LEVEL_ROW * level;
-    return {tri_lo, tri_hi, in_refs, counters, row, row + KD_SMALL_LEVEL_ROW, out_rec, out_refs,
-            nullptr, nullptr, nullptr, rec_capacity, ref_capacity, 0, 0, node_capacity,
-            leaf_capacity, before[0], before[1],
-            {out, out_more, leaf_tris, leaf_more, node_split, leaf_split}, level};
+    return kd_small_level(tri_lo, tri_hi, in_refs, counters, level, out_rec, out_refs,
+                          rec_capacity, ref_capacity, nullptr, nullptr, nullptr, 0, 0, before,
+                          KD_SMALL_TREE_ARGS);
 }
 
 // The nodes of level L.level: the front records of in_rec (more than
