@@ -149,6 +149,15 @@ SMALL_FULL_RECORDS = 4
 SMALL_FULL_REFS = 8
 SMALL_FULL_EVENTS = 16
 
+# --- the build's own triangle order (builder.gpu.order) -------------------------
+# A large build numbers the triangles by the Morton code of their boxes'
+# centres, MORTON_BITS bits an axis over the root box (valid triangles first),
+# and names them by their given indices again in the finished leaves, each
+# leaf sorted: kd_rename_leaves sorts a leaf of up to LEAF_SORT_MAX entries in
+# one thread and lists the larger ones, which a radix sort then orders.
+MORTON_BITS = 10
+LEAF_SORT_MAX = 64
+
 # --- summary record of mesh preparation (kd_prepare_triangles) ----------------
 # uint64 slots: error flags, valid triangles, valid triangles flat on x/y/z,
 # then minima (the root box minimum, the smallest valid triangle's size) and

@@ -492,6 +492,104 @@ extern "C" __global__ void kd_root_level(const long long* __restrict__ valid_sca
     }
 }
 
+// --- the build's own triangle order (kdtree_gpu/builder/gpu/order.py) -----------------
+// A large build numbers its triangles by the Morton code of their boxes'
+// centres, so that the passes that gather triangle boxes by reference
+// (classification, the subtree stage) read neighbouring rows for the
+// references of a node: in the given order a node's triangles may lie
+// anywhere in a box array far larger than L2.
+
+// The low KD_MORTON_BITS bits of x, each moved to bit 3 i.
+__device__ __forceinline__ unsigned int kd_morton_spread(unsigned int x)
+{
+    static_assert(KD_MORTON_BITS == 10, "the masks spread ten bits");
+    x &= 0x3ffu;
+    x = (x | (x << 16)) & 0x030000ffu;
+    x = (x | (x << 8)) & 0x0300f00fu;
+    x = (x | (x << 4)) & 0x030c30c3u;
+    x = (x | (x << 2)) & 0x09249249u;
+    return x;
+}
+
+// Triangle t's sort key: (invalid << 63) | (code << 32) | t, with code the
+// Morton code of its box's centre quantized over the root box (the summary's;
+// centres outside it, of triangles that enter no node, are clamped). Valid
+// triangles sort first, ties by index: one radix sort gives the order.
+extern "C" __global__ void kd_morton_keys(const float* __restrict__ tri_lo,
+                                          const float* __restrict__ tri_hi,
+                                          const long long* __restrict__ valid,
+                                          long long num_triangles,
+                                          const unsigned long long* __restrict__ summary,
+                                          unsigned long long* __restrict__ keys)
+{
+    const long long t = kd_tid();
+    if (t >= num_triangles) return;
+    const float cells = (float)((1 << KD_MORTON_BITS) - 1);
+    unsigned int code = 0;
+    for (int k = 0; k < 3; ++k) {
+        const float lo = kd_float_from_ordered_bits32((unsigned int)summary[KD_SUMMARY_LO + k]);
+        const float hi = kd_float_from_ordered_bits32((unsigned int)summary[KD_SUMMARY_HI + k]);
+        // (halves first: a sum of two large coordinates may overflow)
+        const float centre = 0.5f * tri_lo[3 * t + k] + 0.5f * tri_hi[3 * t + k];
+        const float extent = 0.5f * hi - 0.5f * lo;
+        const float x = extent > 0.0f ? (0.5f * centre - 0.5f * lo) / extent * cells : 0.0f;
+        // (fmaxf first: a NaN becomes 0)
+        code |= kd_morton_spread((unsigned int)fminf(fmaxf(x, 0.0f), cells)) << k;
+    }
+    keys[t] = ((unsigned long long)(valid[t] == 0) << 63) | ((unsigned long long)code << 32)
+              | (unsigned long long)t;
+}
+
+// From the sorted keys: triangle i of the build's order is the given order's
+// order[i]; its box and valid flag move with it.
+extern "C" __global__ void kd_morton_permute(const unsigned long long* __restrict__ keys,
+                                             long long num_triangles,
+                                             const float* __restrict__ given_lo,
+                                             const float* __restrict__ given_hi,
+                                             float* __restrict__ tri_lo,
+                                             float* __restrict__ tri_hi,
+                                             long long* __restrict__ valid,
+                                             int* __restrict__ order)
+{
+    const long long i = kd_tid();
+    if (i >= num_triangles) return;
+    const unsigned long long key = keys[i];
+    const long long t = (long long)(key & 0xffffffffull);
+    order[i] = (int)t;
+    for (int k = 0; k < 3; ++k) {
+        tri_lo[3 * i + k] = given_lo[3 * t + k];
+        tri_hi[3 * i + k] = given_hi[3 * t + k];
+    }
+    valid[i] = (long long)(key >> 63 == 0);
+}
+
+// The finished tree's leaves named by the given triangle indices again
+// (order[build index]), each leaf ascending: a leaf of at most
+// KD_LEAF_SORT_MAX entries is sorted by its thread as its entries are renamed
+// (insertion: most leaves hold a few); a larger one is renamed only and its
+// node listed in big[1 ..] (big[0] counts them) for a radix sort.
+extern "C" __global__ void kd_rename_leaves(KdTreeNodes nodes, long long num_nodes,
+                                            const int* __restrict__ order,
+                                            int* __restrict__ leaf_tris,
+                                            unsigned long long* __restrict__ big)
+{
+    const long long i = kd_tid();
+    if (i >= num_nodes || nodes.node_axis[i] != KD_AXIS_LEAF) return;
+    const int n = nodes.node_count[i];
+    int* leaf = leaf_tris + nodes.node_child[i];
+    if (n > KD_LEAF_SORT_MAX) {
+        for (int j = 0; j < n; ++j) leaf[j] = order[leaf[j]];
+        big[1 + atomicAdd(big, 1ull)] = (unsigned long long)i;
+        return;
+    }
+    for (int j = 0; j < n; ++j) {
+        const int t = order[leaf[j]];
+        int k = j;
+        for (; k > 0 && leaf[k - 1] > t; --k) leaf[k] = leaf[k - 1];
+        leaf[k] = t;
+    }
+}
+
 // --- root events (rule R3) -----------------------------------------------------------
 
 // Per valid triangle reference r and axis k, two sort keys in slots 2r, 2r + 1

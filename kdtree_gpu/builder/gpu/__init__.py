@@ -11,6 +11,8 @@
 * :mod:`.small`: the subtrees of the small nodes the level loop deferred, one
   warp each;
 * :mod:`.output`: the tree's node records and leaf lists on the device;
+* :mod:`.order`: a large build's own triangle order (Morton), and the
+  leaves' triangles named by their given indices again;
 * :mod:`.workspace`: the build's temporaries, in a pool given back to the
   device when the build ends;
 * finally the traversal layout, packed on the device
@@ -35,6 +37,7 @@ from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
 from .level_loop import build_levels_grid, level_loop_kernel, root_loop_buffers
 from .level_stages import build_level_stages
+from .order import rename_leaves_cuda
 from .output import TreeOutput, grown
 from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
 from .small import build_small_subtrees
@@ -132,7 +135,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         subtrees, the deferred nodes first), small_launches (launches of the
         subtree levels' kernels: one a run where the device runs them in one
         cooperative launch, ``GpuSettings.small_grid``), depth, num_degenerate, bounds,
-        peak_device_bytes (the most device memory the build held at once,
+        morton_order (the build numbered the triangles in Morton order:
+        ``GpuSettings.morton_min_triangles``, :mod:`.order`), peak_device_bytes (the most device memory the build held at once,
         mesh and tree included:
         :class:`.workspace.Workspace`).
 
@@ -162,9 +166,12 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         # from the workspace pool: made in the caller's, they stayed cached
         # there after the build (H100, bunny: the end of the build was its
         # peak, 128 bytes per triangle beside the tree, its layout and the mesh).
+        # A large build numbers the triangles in Morton order (.order; not with
+        # perfect splits, whose kernels read the mesh's faces by triangle).
+        morton = m >= settings.morton_min_triangles and not cfg.clip
         with stage(xp=cp, description="prepare_mesh"), pooled():
-            _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate, deferred = \
-                prepare_mesh_cuda(cp, V_d, F_d, records)
+            _, _, tri_lo, tri_hi, refs, nodes, bounds, planar, num_degenerate, deferred, order = \
+                prepare_mesh_cuda(cp, V_d, F_d, records, morton)
         # The tree's box, uploaded now from pinned memory (queued: at the end, a
         # pageable upload waited for the whole build)
         with workspace.outputs():
@@ -217,6 +224,10 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             arrays = out.finish(state.level_base, state.leaf_ref_base,
                                 keep_below=workspace.min_block)
         del out
+        if order is not None:  # the leaves named by the given indices again
+            with stage(xp=cp, description="rename leaves"):
+                rename_leaves_cuda(cp, arrays, order)
+            del order
     # The workspace went back to the device: the layout can use its memory.
     with stage(xp=cp, description="traversal layout"):
         layout = pack_layout(cp, *(arrays[name] for name in (
@@ -238,7 +249,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
             "small_launches": state.small_launches,
             "medium_level_sizes": state.medium_level_sizes,
             "depth": max(state.level - 1, small_depth),
-            "bounds": bounds, "num_degenerate": num_degenerate,
+            "bounds": bounds, "num_degenerate": num_degenerate, "morton_order": morton,
             # the workspace's and the caller's pool's high-water mark, and the mesh
             "peak_device_bytes": int(workspace.high_water + V_d.nbytes + F_d.nbytes)}
     return arrays, layout, info

@@ -17,6 +17,7 @@ from ...launch import launch, stage
 from ...mesh import MeshError, check_trace_range, smallest_triangle, validate_mesh
 from ...primitives import inclusive_scan_in_place, ordered_uint_to_float
 from ..soa import EventSoA, NodeSoA, RefSoA
+from .order import morton_order_cuda
 from .workspace import arrays_in_one_block, carved, lasting
 
 _SOURCE = "build.cu"
@@ -72,7 +73,7 @@ def coerce_mesh_cuda(cp, vertices, faces):
     return V32, cp.ascontiguousarray(F, dtype=np.int32)
 
 
-def prepare_mesh_cuda(cp, V, F, records: int = 0):
+def prepare_mesh_cuda(cp, V, F, records: int = 0, morton: bool = False):
     """Rule R1 on the device: triangle boxes, degenerate test, the root level.
 
     Parameters
@@ -85,6 +86,10 @@ def prepare_mesh_cuda(cp, V, F, records: int = 0):
         cut from the boxes' block: they live as long (until the subtree
         stage is done), and one device allocation fewer is about 0.1 ms of
         a small build's host time (H100).
+    morton : bool
+        Number the triangles in Morton order (:mod:`.order`): ``tri_lo``,
+        ``tri_hi`` and the references are in that order, ``order`` maps it
+        to the given one.
 
     Returns
     -------
@@ -99,6 +104,8 @@ def prepare_mesh_cuda(cp, V, F, records: int = 0):
         Valid triangles that are flat on each axis (one event instead of two).
     num_degenerate : int
     deferred : (records, SMALL_RECORD) int32 (device), or None without records
+    order : (num_triangles,) int32 (device), or None without ``morton``
+        The given index of each triangle of the build's order.
 
     Raises
     ------
@@ -121,13 +128,15 @@ def prepare_mesh_cuda(cp, V, F, records: int = 0):
     if records:
         boxes.append(((int(records), enc.SMALL_RECORD), np.int32))
     tri_lo, tri_hi, *deferred = arrays_in_one_block(cp, boxes)
+    # (in Morton order the given order's boxes are a temporary: permuted into tri_lo, tri_hi)
+    given_lo, given_hi = arrays_in_one_block(cp, boxes[:2]) if morton else (tri_lo, tri_hi)
     node_shapes = list(NodeSoA.shapes(1).values())
     valid, summary, ref_tri, ref_node, *node_arrays = arrays_in_one_block(
         cp, [((m,), np.int64), ((enc.SUMMARY_SLOTS,), np.uint64), ((m,), np.int32),
              ((m,), np.int32), *node_shapes])
     summary[...] = _summary_init(cp)
     launch("prepare_mesh", get_function(_SOURCE, "kd_prepare_triangles"), m,
-           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), tri_lo, tri_hi, valid, summary),
+           (V_d, F_d, np.int64(V.shape[0]), np.int64(m), given_lo, given_hi, valid, summary),
            block=enc.PREPARE_BLOCK)
     # One deliberate read: problems, root box and event counts size everything after.
     host = summary.get()
@@ -146,10 +155,15 @@ def prepare_mesh_cuda(cp, V, F, records: int = 0):
         check_trace_range(bounds, smallest)
     except MeshError:
         # name the triangle: the host recomputes the sizes (error path only)
-        size, index = smallest_triangle(tri_lo.get(), tri_hi.get(), valid.get().astype(bool))
+        size, index = smallest_triangle(given_lo.get(), given_hi.get(),
+                                        valid.get().astype(bool))
         check_trace_range(bounds, size, index)
         raise
     planar = host[enc.SUMMARY_PLANAR:enc.SUMMARY_LO].astype(np.int64)
+    order = None
+    if morton:
+        order = morton_order_cuda(cp, given_lo, given_hi, valid, summary, tri_lo, tri_hi)
+    del given_lo, given_hi
     # The root level: references numbered by a scan of the valid flags (in place).
     valid_scan = inclusive_scan_in_place(valid, description="prepare_mesh: number references")
     refs = RefSoA(ref_tri[:num_valid], ref_node[:num_valid])
@@ -157,7 +171,7 @@ def prepare_mesh_cuda(cp, V, F, records: int = 0):
     launch("prepare_mesh: root level", get_function(_SOURCE, "kd_root_level"), m,
            (valid_scan, np.int64(m), summary, *refs.args(), *nodes.args()))
     return (V_d, F_d, tri_lo, tri_hi, refs, nodes, bounds, planar, m - num_valid,
-            deferred[0] if deferred else None)
+            deferred[0] if deferred else None, order)
 
 
 def root_event_count(num_refs: int, planar) -> int:
