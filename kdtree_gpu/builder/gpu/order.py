@@ -135,7 +135,7 @@ def rename_leaves_cuda(cp, arrays, order) -> int:
     num_nodes = nodes.size
     # a listed leaf holds more than LEAF_SORT_MAX entries: room for all there can be
     big = cp.zeros(2 + leaf_tris.size // (enc.LEAF_SORT_MAX + 1), dtype=np.uint64)
-    launch("rename leaves", get_function(_SOURCE, "kd_rename_leaves"), max(num_nodes, 1),
+    launch("rename leaves: each leaf", get_function(_SOURCE, "kd_rename_leaves"), max(num_nodes, 1),
            (nodes.struct(), i64(num_nodes), order, leaf_tris, big))
     count = int(big[0].get())
     if count:
