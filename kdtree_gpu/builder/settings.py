@@ -224,9 +224,12 @@ class GpuSettings:
         On an H200 (warm ``kd.build``, kernels summed): armadillo
         subdivided three times (22M triangles) 230 to 201 ms, twice (5.5M)
         55 to 50 ms; once (1.38M, whose boxes fit in L2) no gain for the
-        0.7 ms the order costs, hence the default between the two (sizes in
-        between not measured). 0: every build; a number above any mesh:
-        none. Builds with perfect splits (``SAHConfig(clip=True)``) keep the
+        0.7 ms the order costs, hence the default between the two; the
+        dragon subdivided twice (3.2M) 47-49 to 45-47 ms; a mesh whose own
+        order already keeps neighbours together pays the order's cost
+        (conference subdivided twice, 5.3M: 71-73 ms either way, about 1.4
+        ms of it the order) (benchmarks/results/triangle_order_h200.md).
+        0: every build; a number above any mesh: none. Builds with perfect splits (``SAHConfig(clip=True)``) keep the
         given order.
     keep_workspace : bool
         Keep the workspace's blocks cached when the build ends (False: give
