@@ -123,6 +123,25 @@ def random_scene(seed):
     return with_degenerate(*soup(rng, int(rng.integers(2, 30))))
 
 
+def deferring_scene(seed, base, soup_size=500):
+    """A scene whose subtrees the small-node stage builds, of one of five kinds by
+    ``seed`` (random generator ``base + seed``): a soup of ``soup_size`` small
+    triangles, grid coordinates (equal positions, planar triangles), duplicated
+    quads (nodes that never shrink), needles through clouds (references that
+    straddle every plane), or :func:`random_scene`."""
+    rng = np.random.default_rng(base + seed)
+    kind = seed % 5
+    if kind == 0:
+        return soup(rng, soup_size, scale=0.05)
+    if kind == 1:
+        return grid_soup(rng, 400)
+    if kind == 2:
+        return quads(rng, 80, True)
+    if kind == 3:
+        return needles_through_clouds(rng)
+    return random_scene(seed)
+
+
 def assert_same_tree(reference, tree):
     """Identical trees (node by node from the root), the same counts, and a valid tree."""
     diff = reference.compare(tree)

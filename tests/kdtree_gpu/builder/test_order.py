@@ -16,8 +16,7 @@ from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu.order import morton_keys
 from kdtree_gpu.mesh import MeshError, triangle_bounds
-from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, grid_soup,
-                                       needles_through_clouds, quads, random_scene, soup)
+from kdtree_gpu.testing.meshes import CONFIGS, assert_same_tree, deferring_scene, soup
 from kdtree_gpu.testing.rays import assert_same_hits, random_rays
 from kdtree_gpu.trace import intersect_brute
 
@@ -70,17 +69,7 @@ def test_morton_setting_is_checked_and_large_builds_use_it():
 
 
 def _scene(seed):
-    rng = np.random.default_rng(9000 + seed)
-    kind = seed % 5
-    if kind == 0:
-        return soup(rng, 600, scale=0.05)
-    if kind == 1:
-        return grid_soup(rng, 400)  # equal positions and planar triangles everywhere
-    if kind == 2:
-        return quads(rng, 80, True)  # duplicates: nodes that never shrink
-    if kind == 3:
-        return needles_through_clouds(rng)  # references that straddle every plane
-    return random_scene(seed)
+    return deferring_scene(seed, 9000, soup_size=600)
 
 
 @gpu

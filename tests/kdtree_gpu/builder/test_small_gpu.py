@@ -16,8 +16,8 @@ from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.trace import intersect_brute
 from kdtree_gpu.testing.rays import assert_same_hits, random_rays
-from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, grid_soup,
-                                       needles_through_clouds, quads, random_scene, soup)
+from kdtree_gpu.testing.meshes import (CONFIGS, assert_same_tree, deferring_scene, grid_soup,
+                                       needles_through_clouds, soup)
 
 gpu = pytest.mark.gpu
 # every build defers small nodes, however small the mesh
@@ -61,17 +61,7 @@ def test_small_refs_setting_is_checked(bad):
 
 
 def _scene(seed):
-    rng = np.random.default_rng(4000 + seed)
-    kind = seed % 5
-    if kind == 0:
-        return soup(rng, 500, scale=0.05)
-    if kind == 1:
-        return grid_soup(rng, 400)  # equal positions and planar triangles everywhere
-    if kind == 2:
-        return quads(rng, 80, True)  # duplicates: nodes that never shrink
-    if kind == 3:
-        return needles_through_clouds(rng)  # references that straddle every plane
-    return random_scene(seed)
+    return deferring_scene(seed, 4000)
 
 
 @gpu
