@@ -229,8 +229,8 @@ class GpuSettings:
         order already keeps neighbours together pays the order's cost
         (conference subdivided twice, 5.3M: 71-73 ms either way, about 1.4
         ms of it the order) (benchmarks/results/triangle_order_h200.md).
-        0: every build; a number above any mesh: none. Builds with perfect splits (``SAHConfig(clip=True)``) keep the
-        given order.
+        0: every build; a number above any mesh: none. Builds with perfect
+        splits (``SAHConfig(clip=True)``) keep the given order.
     keep_workspace : bool
         Keep the workspace's blocks cached when the build ends (False: give
         them back). Making them anew costs each build a few allocations

@@ -136,7 +136,8 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
         subtree levels' kernels: one a run where the device runs them in one
         cooperative launch, ``GpuSettings.small_grid``), depth, num_degenerate, bounds,
         morton_order (the build numbered the triangles in Morton order:
-        ``GpuSettings.morton_min_triangles``, :mod:`.order`), peak_device_bytes (the most device memory the build held at once,
+        ``GpuSettings.morton_min_triangles``, :mod:`.order`),
+        peak_device_bytes (the most device memory the build held at once,
         mesh and tree included:
         :class:`.workspace.Workspace`).
 

@@ -32,6 +32,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
+from ..soa import TreeNodeSoA
 
 _SOURCE = "build.cu"
 i64 = np.int64
@@ -72,7 +73,8 @@ def morton_keys(tri_lo, tri_hi, valid, bounds):
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         x = np.where(extent > 0, (half * centre - half * lo) / extent * cells, f(0))
     x = np.fmin(np.fmax(np.nan_to_num(x, nan=0.0), f(0)), cells).astype(np.uint32)
-    code = _spread(x[:, 0]) | (_spread(x[:, 1]) << np.uint64(1)) | (_spread(x[:, 2]) << np.uint64(2))
+    code = _spread(x[:, 0]) | (_spread(x[:, 1]) << np.uint64(1)) \
+        | (_spread(x[:, 2]) << np.uint64(2))
     index = np.arange(len(code), dtype=np.uint64)
     invalid = (np.asarray(valid) == 0).astype(np.uint64)
     return (invalid << np.uint64(63)) | (code << np.uint64(32)) | index
@@ -127,8 +129,6 @@ def rename_leaves_cuda(cp, arrays, order) -> int:
         Leaves of more than ``LEAF_SORT_MAX`` entries (sorted by a radix sort
         of their entries' (leaf, triangle) keys after the kernel; one read).
     """
-    from ..soa import TreeNodeSoA
-
     nodes = TreeNodeSoA(*(arrays[name] for name in ("node_axis", "node_split", "node_child",
                                                     "node_count")))
     leaf_tris = arrays["leaf_tris"]
