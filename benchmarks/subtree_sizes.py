@@ -49,8 +49,10 @@ MESHES = ["stanford_bunny", "sponza_dabrovic", "happy_buddha_100k", "lucy_100k",
 
 # what the builder reserves, per deferred reference D (small.py) and per reference
 # of the loop's start level (settings.default_loop_capacity, small_refs >= 48)
-RESERVED = {"stage nodes": 6, "stage leaf entries": 5, "widest records": 0.75,
-            "widest refs": 3, "loop nodes": 1, "loop leaf entries": 4}
+# (the stage's nodes: its first room, before the nodes the build's peak leaves
+# free, small.room_under_peak, are added)
+RESERVED = {"stage nodes": 4, "stage leaf entries": 4.5, "widest records": 0.65,
+            "widest refs": 2.4, "loop nodes": 1, "loop leaf entries": 4}
 # rooms for the subtree stage's tree nodes, per D, whose running out is reported:
 # the level of the stage that would find it full, the share of the stage's work
 # (references its levels process) that level holds (what a run that goes on from
@@ -104,14 +106,19 @@ def node_references(tree, parent, depth, leaf, weight):
     return refs, weighted
 
 
-def phases(tree, depth, refs, events, leaf, small_refs, small_min_refs, max_events):
-    """Which phase runs each level, and which nodes the level loop defers.
+def phases(tree, depth, refs, events, leaf, small_refs, small_min_refs, max_events,
+           stay_events=None):
+    """Which phase runs each level, and which nodes are deferred.
 
-    Level by level, as the driver goes (``builder/gpu/__init__.py``): a level
-    of at most ``max_events`` events runs in the loop if its children fit
-    (the loop defers its split nodes of at most ``small_refs`` references,
-    whose children it does not make), else by stages, which split every node
-    and defer nothing; a deferred node's subtree is the subtree stage's.
+    Level by level, as the driver goes (``builder/gpu/__init__.py``,
+    ``level_loop.loop_plan``): a level of at most ``max_events`` events starts
+    the loop if its children fit in ``stay_events`` (``GpuSettings.loop_stay_bound``,
+    1.5 ``max_events`` by default), and the loop keeps going while they do;
+    a launch defers its split nodes of at most ``small_refs`` references when
+    its start level holds at least ``small_min_refs`` references. Every other
+    level runs by stages, which defer the same nodes when the root holds at
+    least ``small_min_refs`` references (``LoopState.small_refs``). A deferred
+    node's subtree is the subtree stage's.
 
     Returns
     -------
@@ -121,28 +128,31 @@ def phases(tree, depth, refs, events, leaf, small_refs, small_min_refs, max_even
         Levels run by stages.
     """
     axis, child = tree.node_axis, tree.node_child
+    stay = 3 * max_events // 2 if stay_events is None else stay_events
     deferred = np.zeros(axis.shape[0], dtype=bool)
+    stage_small = small_refs if refs[0] >= small_min_refs else 0
     level = np.array([0])
-    runs, d, in_loop, stage_levels = [], 0, False, 0
+    runs, d, in_loop, stage_levels, loop_small = [], 0, False, 0, 0
     while level.size:
         split = level[axis[level] != leaf]
-        loop = False
-        if events[level].sum() <= max_events:
-            defer = split[refs[split] <= small_refs]
-            if not in_loop and refs[level].sum() < small_min_refs:
-                defer = defer[:0]  # a launch from a small level defers nothing
-            kept = np.setdiff1d(split, defer)
-            need = events[child[kept]].sum() + events[child[kept] + 1].sum()
-            loop = need <= max_events
+        small = loop_small if in_loop else (
+            small_refs if refs[level].sum() >= small_min_refs else 0)
+        defer = split[refs[split] <= small]
+        kept = np.setdiff1d(split, defer)
+        need = events[child[kept]].sum() + events[child[kept] + 1].sum()
+        loop = need <= stay and (in_loop or events[level].sum() <= max_events)
         if loop:
-            deferred[defer] = True
-            split = kept
             if not in_loop:
                 runs.append([d, d])
+                loop_small = small
             runs[-1][1] = d
+        else:
+            defer = split[refs[split] <= stage_small]
+            kept = np.setdiff1d(split, defer)
+            stage_levels += 1
+        deferred[defer] = True
         in_loop = loop
-        stage_levels += not loop
-        level = np.concatenate([child[split], child[split] + 1])
+        level = np.concatenate([child[kept], child[kept] + 1])
         d += 1
     return deferred, runs, stage_levels
 
@@ -184,6 +194,9 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
         if deferred[i]:
             rel[i] = 0
     D = int(refs[deferred].sum())
+    if D == 0:  # (nothing deferred: e.g. small_refs 0)
+        row.update({"loop_levels": runs, "stage_levels": stage_levels, "deferred": 0})
+        return row
     stage_nodes = int(in_stage.sum())
     stage_leaves = in_stage & ~split
     stage_entries = int(refs[stage_leaves].sum())
