@@ -36,10 +36,10 @@ def default_loop_capacity(num_events: int, num_refs: int, small_refs: int = 0) -
     with ``small_refs >= 48``, 2x with fewer (3.5x without deferral). Nodes
     too: the loop splits only nodes of more than ``small_refs`` references,
     so a level has at most ``2 * refs / (small_refs + 1)`` nodes, and the
-    loop writes a small part of the tree: 0.07-0.52 nodes and 1.0-3.2 leaf
+    loop writes a small part of the tree: 0.03-0.14 nodes and 1.05-3.17 leaf
     entries per reference of its start level (the subtrees write the rest;
-    ``benchmarks/results/subtree_sizes.md``, armadillo subdivided once the
-    most nodes, conference the most leaf entries): room for 1 and 4 (each
+    ``benchmarks/results/subtree_sizes.md``, conference the most of both):
+    room for 1 and 4 (each
     node of room is 13 bytes per reference at the loop's peak). A build that
     outgrows them stops and goes on with larger ones (one more launch; the
     smaller buffers go back to the device first).
