@@ -18,9 +18,12 @@ which changes a decision (the tests compare both orders' trees with
 warm ``kd.build`` from CuPy arrays): armadillo subdivided three times (22M
 triangles) 246 to 220 ms, its kernels 230 to 201 ms (the classification
 19.1 to 5.6 ms, the subtree stage 54.9 to 48.2 ms, the scatter 57.2 to
-52.7 ms; the order itself 1.4 ms to sort and 1.9 ms to rename the leaves);
-subdivided twice (5.5M) the kernels 55 to 50 ms, whether its triangles come
-in the subdivision's order or shuffled (57 ms before).
+52.7 ms; the order itself about 3.9 ms: keys 0.3, sort 1.4, permutation 1.2,
+renaming the leaves 0.9); subdivided twice (5.5M) the kernels 55 to 50 ms,
+whether its triangles come in the subdivision's order or shuffled (57 ms
+before). A mesh whose own order already keeps a node's triangles together
+gains nothing and pays the order (conference subdivided twice, 5.3M: about
+2% slower); ``benchmarks/results/triangle_order_h200.md``.
 
 :func:`morton_keys` is the NumPy twin of the keys (the tests' oracle).
 """
