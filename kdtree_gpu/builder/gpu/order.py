@@ -35,6 +35,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
+from ...primitives import segment_ids
 from ..soa import TreeNodeSoA
 
 _SOURCE = "build.cu"
@@ -148,15 +149,16 @@ def rename_leaves_cuda(cp, arrays, order) -> int:
 
 def _sort_leaves(cp, nodes, leaf_tris, listed):
     """Sort the entries of the ``listed`` leaves in place: one radix sort of
-    ``(rank of the leaf << 32) | triangle`` over their entries."""
+    ``(rank of the leaf << 32) | triangle`` over their entries (``cp``: CuPy, or
+    NumPy for the tests)."""
     listed = listed.astype(np.int64)
     start = nodes.node_child[listed].astype(np.int64)
-    count = nodes.node_count[listed].astype(np.int64)
-    ends = cp.cumsum(count)
-    total = int(ends[-1].get())
+    offsets = cp.concatenate([cp.zeros(1, dtype=np.int64),
+                              cp.cumsum(nodes.node_count[listed].astype(np.int64))])
+    total = int(offsets[-1])
     # entry j of the listed leaves: its leaf's rank, and its place in leaf_tris
-    rank = cp.searchsorted(ends, cp.arange(total, dtype=np.int64), side="right")
-    place = start[rank] + cp.arange(total, dtype=np.int64) - (ends - count)[rank]
+    rank = segment_ids(offsets, total)
+    place = start[rank] + cp.arange(total, dtype=np.int64) - offsets[rank]
     keys = (rank.astype(np.uint64) << np.uint64(32)) | leaf_tris[place].astype(np.uint64)
     keys.sort()
     leaf_tris[place] = (keys & np.uint64(0xFFFFFFFF)).astype(leaf_tris.dtype)

@@ -68,6 +68,21 @@ def test_morton_setting_is_checked_and_large_builds_use_it():
             GpuSettings(morton_min_triangles=bad)
 
 
+def test_leaves_too_large_for_a_thread_are_sorted_by_one_radix_sort():
+    # (_sort_leaves on NumPy: the path a listed leaf takes after kd_rename_leaves)
+    from kdtree_gpu.builder.gpu.order import _sort_leaves
+    from kdtree_gpu.builder.soa import TreeNodeSoA
+
+    leaf_tris = np.array([9, 4, 7, 1, 8, 3, 2, 6, 5, 0], np.int32)
+    # leaves 1 (entries 0-3), 3 (entries 6-9) listed; leaf 2 (4-5) is left as it is
+    nodes = TreeNodeSoA(node_axis=np.full(4, enc.AXIS_LEAF, np.int8),
+                        node_split=np.zeros(4, np.float32),
+                        node_child=np.array([0, 0, 4, 6], np.int32),
+                        node_count=np.array([0, 4, 2, 4], np.int32))
+    _sort_leaves(np, nodes, leaf_tris, np.array([3, 1], np.uint64))
+    assert leaf_tris.tolist() == [1, 4, 7, 9, 8, 3, 0, 2, 5, 6]
+
+
 def _scene(seed):
     return deferring_scene(seed, 9000, soup_size=600)
 
