@@ -85,7 +85,6 @@ for size in (16 * MB, 256 * MB, 1024 * MB):
     def sync_pair():
         rt.free(rt.malloc(size))
     pool = make_pool()
-    first = []
 
     def pooled_first():
         p = rt.mallocFromPoolAsync(size, pool, stream)
