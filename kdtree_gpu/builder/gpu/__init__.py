@@ -59,6 +59,7 @@ class LoopState:
     workspace: object = None  # Workspace: the build's device memory
     launches: int = 0  # launches of the level-loop kernel
     loop_blocks: list = dataclasses.field(default_factory=list)  # the grid of each launch
+    loop_buffers: int = 0  # level buffers the loop made (a launch again may reuse them)
     stage_levels: list = dataclasses.field(default_factory=list)  # levels run by stages
     # level -> (child references / references, child events / events) of the
     # levels run by stages (level_stages.child_room guesses the next from them)
@@ -120,7 +121,9 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info : dict
         levels, level_sizes, level_loop ("grid" when the level-loop kernel
         ran, else "stages"), loop_launches, loop_blocks (the cooperative
-        grid of each launch), loop_kernel (the level-loop kernel's name, None
+        grid of each launch), loop_buffers (the level buffers the loop
+        made: a launch again from a level whose children fit reuses them),
+        loop_kernel (the level-loop kernel's name, None
         when it did not run), stage_levels (the levels run with
         one launch per stage), scatter_relaunches (of those, the levels whose
         scatter, launched before their counts were read, ran again because
@@ -239,6 +242,7 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     info = {"levels": state.level, "level_sizes": state.level_sizes,
             "level_loop": "grid" if state.launches else "stages",
             "loop_launches": state.launches, "loop_blocks": state.loop_blocks,
+            "loop_buffers": state.loop_buffers,
             "loop_kernel": grid_loop[0].name if grid_loop is not None and state.launches
             else None,
             "stage_levels": state.stage_levels,

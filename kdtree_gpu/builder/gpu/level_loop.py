@@ -355,7 +355,8 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     max_events, small, (cap_e, cap_r, cap_n, cap_new, (tree_nodes, tree_leaves)) = plan
     # the root's buffers, made before its events were decoded into them
     buffers, state.buffers = state.buffers, None
-    root_in_buffers = buffers is not None
+    # the slot of the buffers the start level lies in (-1: apart from them)
+    start_slot = ROOT_SLOT if buffers is not None else -1
     # The loop's share of the tree, as asked (growth by doubling made a
     # 1.38M-triangle build's tree buffers 10 nodes per triangle where the
     # tree has 3: 150 of its 864 bytes per triangle at the peak, H100).
@@ -373,10 +374,11 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     while True:
         if buffers is None:
             buffers = LevelBuffers(cp, cap_e, cap_r, cap_n, cap_new)
+            state.loop_buffers += 1
         start = LevelSizes(num_nodes=state.nodes.size, num_refs=state.refs.size,
                            num_events=state.events.size, level=state.level,
                            level_base=state.level_base, leaf_ref_base=state.leaf_ref_base,
-                           slot=ROOT_SLOT if root_in_buffers else -1)
+                           slot=start_slot)
         capacity = LoopCapacity(events=cap_e, refs=cap_r, nodes=cap_n,
                                 tree_nodes=out.node_capacity, leaf_refs=out.leaf_capacity,
                                 deferred=state.deferred.shape[0], new_events=cap_new)
@@ -409,34 +411,48 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
         if int(record[enc.LOOP_STATE]) == enc.LOOP_DONE:
             state.done = True
             return state
-        # Stopped at a level: go on from it with larger buffers. The level is
-        # copied out (also a start level that lives in them), so that the old
-        # block goes back to the device before the larger one is made.
+        # Stopped at a level: go on from it. Where the level's children fit the
+        # buffers (the loop stopped for the tree's room or the deferral
+        # records), the next launch starts from the level where it lies, in
+        # the same buffers (happy Buddha subdivided twice, H200: a second
+        # block as large made beside the first was the build's peak, 415 of
+        # its 433 bytes per triangle). Else the level is copied out (also a
+        # start level that lives in them), so that the old block goes back to
+        # the device before the larger one is made.
         slot = int(record[enc.LOOP_BUFFER])
-        views = None
-        if slot >= 0:
-            views = buffers.level(
-                slot, *(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS)))
-        elif root_in_buffers:
-            # the start level, decoded into the loop's buffers
-            views = (state.events, state.refs, state.nodes)
-        if views is not None:
-            state.events, state.refs, state.nodes = copied_level(cp, *views, segments=cfg.clip)
-            del views
-        buffers = None
-        root_in_buffers = False  # (copied out with the level)
+        stopped = tuple(int(record[k]) for k in (enc.LOOP_NODES, enc.LOOP_REFS, enc.LOOP_EVENTS))
         need_events = int(record[enc.LOOP_NEED_EVENTS])
-        if need_events > max_events or record[enc.LOOP_NEED_STAGES]:
-            return state
         need_refs, need_nodes = int(record[enc.LOOP_NEED_REFS]), int(record[enc.LOOP_NEED_NODES])
-        policy = settings.loop_capacities(need_events, need_refs, small)
-        cap_e = max(cap_e, restart_capacity(need_events, policy[0], max_events))
-        # (a level has no more references than events: within max_events, as the
-        # chunked scans need)
-        cap_r = max(cap_r, restart_capacity(need_refs, policy[1], max_events))
-        cap_n = max(cap_n, restart_capacity(need_nodes, policy[2]))
-        if cfg.clip:
-            cap_new = max(cap_new, 2 * int(record[enc.LOOP_NEED_NEW_EVENTS]))
+        need_new = int(record[enc.LOOP_NEED_NEW_EVENTS]) if cfg.clip else 0
+        to_stages = need_events > max_events or bool(record[enc.LOOP_NEED_STAGES])
+        if not to_stages and need_events <= cap_e and need_refs <= cap_r \
+                and need_nodes <= cap_n and need_new <= cap_new:
+            if slot >= 0:
+                state.events, state.refs, state.nodes = buffers.level(slot, *stopped)
+                start_slot = slot
+        else:
+            views = None
+            if slot >= 0:
+                views = buffers.level(slot, *stopped)
+            elif start_slot >= 0:
+                # the start level, decoded into the loop's buffers
+                views = (state.events, state.refs, state.nodes)
+            if views is not None:
+                state.events, state.refs, state.nodes = copied_level(cp, *views,
+                                                                     segments=cfg.clip)
+                del views
+            buffers = None
+            start_slot = -1  # (copied out with the level)
+            if to_stages:
+                return state
+            policy = settings.loop_capacities(need_events, need_refs, small)
+            cap_e = max(cap_e, restart_capacity(need_events, policy[0], max_events))
+            # (a level has no more references than events: within max_events, as the
+            # chunked scans need)
+            cap_r = max(cap_r, restart_capacity(need_refs, policy[1], max_events))
+            cap_n = max(cap_n, restart_capacity(need_nodes, policy[2]))
+            if cfg.clip:
+                cap_new = max(cap_new, 2 * need_new)
         out.reserve(2 * int(record[enc.LOOP_NEED_TREE_NODES]),
                     2 * int(record[enc.LOOP_NEED_LEAF_REFS]), state.level_base,
                     state.leaf_ref_base)
