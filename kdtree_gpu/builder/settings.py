@@ -71,11 +71,14 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     with the levels after it, with more room: a second page of the tree
     (half the first room, or twice what the level asked for), a larger
     buffer for its children
-    (:func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`). So the
-    first room holds the nodes of all but the bunny (4 D; the build adds the
-    nodes its peak leaves free, :func:`kdtree_gpu.builder.gpu.small.room_under_peak`,
-    which hold the bunny's) and what every measured mesh needs of the
-    rest: 4.5 D leaf entries, 0.65 D records and 2.4 D references. Each D
+    (:func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`), and a second
+    page made again holds the old one while it is copied. So the first room
+    holds the nodes of all but the bunny (4.5 D: the dragon subdivided
+    twice writes 4.12 D, and with 4 D its page made again was its peak; the
+    build adds the nodes its peak leaves free,
+    :func:`kdtree_gpu.builder.gpu.small.room_under_peak`, which hold the
+    bunny's) and what every measured mesh needs of the rest: 4.5 D leaf
+    entries, 0.65 D records and 2.4 D references. Each D
     of room costs 13 bytes per node, 4 per leaf entry, 72 per record (two
     buffers) and 8 per reference. The medium nodes' events (16-bit, six per
     reference, two buffers; made only when nodes of more than
@@ -88,7 +91,7 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     (tree nodes, leaf entries, records, references, medium events) : tuple of int
     """
     d = int(deferred_refs)
-    return (4 * d + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024,
+    return (9 * d // 2 + 1024, 9 * d // 2 + 1024, 13 * d // 20 + 1024, 12 * d // 5 + 1024,
             6 * (5 * d // 4 + 1024))
 
 

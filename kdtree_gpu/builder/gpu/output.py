@@ -92,8 +92,9 @@ class TreeOutput:
         """More room for nodes (``nodes``) or leaf entries, without copying what the
         first block holds: a second page of ``rows`` rows for the indices from
         ``used`` on (the first block's rows after them stay unused), or, when
-        there is one, that page made again at least twice as large, keeping
-        its rows below ``used``. For the subtree stage, whose levels
+        there is one, that page made again with ``rows`` rows more than its
+        rows below ``used``, which it keeps (not doubled: the old page is held
+        while they are copied). For the subtree stage, whose levels
         (``cuda/build_small.cu``, KdSmallTree) and leaf packing write both
         pages; :meth:`finish` joins the node pages (the packed leaf list is
         one array)."""
@@ -103,7 +104,7 @@ class TreeOutput:
         # (0 for a first page, or where the level began in the first block: nothing to keep)
         keep = max(0, used - split)
         if page is not None:
-            rows = max(int(rows) + keep, 2 * (page.size if nodes else page.shape[0]))
+            rows = int(rows) + keep
         like = page if page is not None else (self.nodes if nodes else self.leaf)
         with workspace_pooled(), tree_blocks():  # (the build's, whatever its size)
             if nodes:

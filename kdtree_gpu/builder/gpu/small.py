@@ -196,15 +196,15 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         done = rows[:first].sum(axis=0)
         nodes_before = state.level_base + int(done[enc.SMALL_LEVEL_NODES])
         leaves_before = state.leaf_ref_base + int(done[enc.SMALL_LEVEL_LEAVES])
-        want = rows[first]  # what the level asked for (its nodes and leaves; its children's rows)
-        # The tree's room: a second page from the level's first index on (half
-        # the first room, at least twice what the level asked for), or that page grown
+        # The tree's room: a second page from the level's first index on, or
+        # that page made again, with room for what the levels from it on write
+        # (page_growth)
         for bit, used, key, room, nodes in (
                 (enc.SMALL_FULL_NODES, nodes_before, enc.SMALL_LEVEL_NODES, cap_tree, True),
                 (enc.SMALL_FULL_LEAVES, leaves_before, enc.SMALL_LEVEL_LEAVES, cap_leaves,
                  False)):
             if full & bit:
-                out.add_page(nodes, used, max(room // 2, 2 * int(want[key])))
+                out.add_page(nodes, used, page_growth(rows[:first + 1, key], room))
         if full & (enc.SMALL_FULL_RECORDS | enc.SMALL_FULL_REFS | enc.SMALL_FULL_EVENTS):
             # The level's output buffer made again (what it wrote is written
             # again) with room for 5/4 of what it asked. Its input stays: grown
@@ -245,6 +245,34 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(sizes[enc.SMALL_DEPTH])
+
+
+# the most a level's tree nodes (or leaf entries) may be of the level's before
+# for page_growth to take the levels after it as shrinking
+SHRINKING_RATIO = 0.75
+
+
+def page_growth(taken, room: int) -> int:
+    """Rows of tree nodes (or leaf entries) to add for the subtree levels from the
+    first that found the tree's room full: ``taken``, the rows each level
+    took up to that one (what it asked for, last); ``room``, the stage's
+    first room.
+
+    Where the levels shrink (the last took at most ``SHRINKING_RATIO`` of the
+    one before), what the levels from it on take, as the sum of a geometric
+    series with that ratio, plus a quarter; else half the first room (the
+    levels still grow). At least twice what the level asked for, at most
+    half the first room. A page made again holds the old one while its rows
+    are copied: doubling it, as before, was the peak of the dragon
+    subdivided twice (H200: 495 bytes per triangle, its room full at its
+    twelfth subtree level of 21, 6% of the stage's work).
+    """
+    want = int(taken[-1])
+    before = int(taken[-2]) if len(taken) > 1 else 0
+    tail = room // 2
+    if before > 0 and want <= SHRINKING_RATIO * before:
+        tail = min(tail, int(5 * want * before / (4 * (before - want))))
+    return max(2 * want, tail)
 
 
 def level_records(word) -> int:

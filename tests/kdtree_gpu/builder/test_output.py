@@ -140,13 +140,13 @@ def test_a_second_page_adds_room_without_copying_the_first_block():
     out.add_page(True, 6, 5)  # nodes 6.. in a page of 5 rows
     assert out.nodes.node_child is first and out.node_split == 6 and out.node_capacity == 11
     out.more_nodes.node_child[:3] = [100, 101, 102]
-    out.add_page(True, 9, 2)  # full again at 9: the page made again, twice as large
-    assert out.more_nodes.size == 10 and out.node_capacity == 16
+    out.add_page(True, 9, 2)  # full again at 9: the page made again, its 3 rows and 2 more
+    assert out.more_nodes.size == 5 and out.node_capacity == 11
     assert out.more_nodes.node_child[:3].tolist() == [100, 101, 102]
     out.more_nodes.node_child[3:5] = [103, 104]
     out.add_page(False, 15, 7)
     assert out.leaf_capacity == 22 and out.leaf_split == 15
-    assert [int(v) for v in out.page_args()[4:]] == [6, 15, 16, 22]
+    assert [int(v) for v in out.page_args()[4:]] == [6, 15, 11, 22]
     out.set_final_leaf(np.arange(3, dtype=np.int32))
     assert out.leaf_split == NO_PAGE and out.leaf_capacity == 3
     arrays = out.finish(11, 3)
@@ -203,4 +203,4 @@ def test_a_page_made_again_keeps_nothing_for_a_level_that_began_in_the_first_blo
     out.extend(15, 20)
     out.more_nodes.node_child[:5] = 7
     out.add_page(True, 8, 6)  # the level that found room full began at node 8
-    assert out.node_split == 10 and out.more_nodes.size >= 10
+    assert out.node_split == 10 and out.more_nodes.size == 6 and out.node_capacity == 16

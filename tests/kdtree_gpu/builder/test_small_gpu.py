@@ -129,6 +129,49 @@ def test_gpu_small_subtrees_run_again_when_the_output_is_full():
     assert_same_tree(cpu_reference.build(V, F), tree)
 
 
+@gpu
+@pytest.mark.parametrize("short, clip", [("records", False), ("tree", False), ("tree", True)])
+def test_gpu_a_loop_launched_again_with_room_for_the_children_keeps_its_buffers(short, clip):
+    # The loop stops again and again for the deferral records (one record of
+    # room) or the tree (one node and one leaf entry), never for its level
+    # buffers (four times the start level's events and references): each
+    # launch again starts from the level where the last one stopped, in the
+    # same buffers, and the tree is still the reference's.
+    def roomy(num_events, num_refs):
+        tree = (1, 1) if short == "tree" else (num_refs + 256, 4 * num_refs + 256)
+        return 4 * num_events, 4 * num_refs, 2 * num_refs, tree
+
+    V, F = soup(np.random.default_rng(12), 3000, scale=0.02)
+    cfg = SAHConfig(clip=clip)
+    settings = GpuSettings(loop_capacity=roomy, small_refs=enc.SMALL_MAX_REFS,
+                           small_records=1 if short == "records" else 0, small_min_refs=0)
+    tree = kd.build(V, F, cfg, device="cuda", settings=settings)
+    info = tree.build_info
+    assert info["level_loop"] == "grid" and not info["stage_levels"]
+    assert info["loop_launches"] > 1 and info["loop_buffers"] == 1
+    assert_same_tree(cpu_reference.build(V, F, cfg), tree)
+    tree.check()
+
+
+def test_a_page_grows_by_what_the_shrinking_levels_after_the_full_one_write():
+    from kdtree_gpu.builder.gpu.small import page_growth
+
+    # levels halving: the rest is about as much again as the full level's
+    # (1.25 times the geometric series' 2 * 1000)
+    assert page_growth([4000, 2000, 1000], 100_000) == 2500
+    # level 0, or levels still growing (or barely shrinking): half the first room
+    assert page_growth([1000], 100_000) == 50_000
+    assert page_growth([900, 1000], 100_000) == 50_000
+    assert page_growth([1000, 800], 100_000) == 50_000
+    # at most half the first room, at least twice the level's own
+    assert page_growth([2000, 1500], 10_000) == 5000
+    assert page_growth([2000, 1000], 1000) == 2000
+    # the dragon subdivided twice, in D (its first room 4 D): its room ran out at
+    # its twelfth subtree level with about 0.12 D nodes, after 0.25
+    grown = page_growth([25, 12], 400)
+    assert 2 * 12 <= grown < 100 // 2
+
+
 def test_a_subtree_level_counts_its_records_at_both_ends_of_one_word():
     # records of more than SMALL_TINY_REFS references (a warp each) fill the
     # buffer from the front, the others (a thread each) from the back
@@ -146,7 +189,7 @@ def test_a_subtree_level_counts_its_records_at_both_ends_of_one_word():
 def test_the_subtree_stage_room_is_sized_from_the_deferred_references():
     d = 10_000
     events = 6 * (5 * d // 4 + 1024)  # (six per reference of the medium nodes)
-    assert GpuSettings().small_capacities(d) == (4 * d + 1024, 9 * d // 2 + 1024,
+    assert GpuSettings().small_capacities(d) == (9 * d // 2 + 1024, 9 * d // 2 + 1024,
                                                  13 * d // 20 + 1024, 12 * d // 5 + 1024, events)
     tiny = GpuSettings(small_capacity=lambda refs: (0, 1, 2, refs))
     # at least one row each; the medium events' room the default's
