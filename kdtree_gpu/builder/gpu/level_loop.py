@@ -357,6 +357,7 @@ def build_levels_grid(cp, cfg, tri_lo, tri_hi, state, out, max_depth, loop, sett
     buffers, state.buffers = state.buffers, None
     # the slot of the buffers the start level lies in (-1: apart from them)
     start_slot = ROOT_SLOT if buffers is not None else -1
+    state.loop_buffers += buffers is not None
     # The loop's share of the tree, as asked (growth by doubling made a
     # 1.38M-triangle build's tree buffers 10 nodes per triangle where the
     # tree has 3: 150 of its 864 bytes per triangle at the peak, H100).
