@@ -29,7 +29,7 @@ from ...device import multiprocessors
 from ...kernels import cooperative_function, get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings, TreeNodeSoA
-from .workspace import arrays_in_one_block, lasting, pooled, uploaded
+from .workspace import arrays_in_one_block, lasting, make_room, pooled, uploaded
 
 _SOURCE = "build_small.cu"
 _GRID_SOURCE = "build_small_grid.cu"  # the same levels in one cooperative launch
@@ -371,7 +371,9 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
 
     # The counts become the offsets in place: a second int64 per node did not
     # fit in the freed subtree buffers and was the bunny's peak (H100: 65 of
-    # its 549 bytes per triangle).
+    # its 549 bytes per triangle). The freed buffers go back first where they
+    # would hold the peak beside the offsets and the packed list.
+    make_room(8 * (num_nodes + 1) + num_leaf_refs * np.dtype(enc.LEAF_TRIS_DTYPE).itemsize)
     with pooled():  # a temporary: cut from the freed subtree buffers where it fits
         offsets = cp.empty(num_nodes + 1, dtype=np.int64)
         lo, leaf_lo, hi, leaf_hi, node_split, leaf_split = out.page_args()[:6]

@@ -132,6 +132,26 @@ def test_cached_blocks_stay_while_the_footprint_is_within_the_budget():
     assert [p.trims for p in pools] == [1, 1, 1] and ws.high_water == 410
 
 
+@pytest.mark.parametrize("keep", [False, True])
+def test_room_is_made_only_for_an_allocation_that_would_raise_the_peak(keep):
+    from kdtree_gpu.builder.gpu.workspace import Workspace
+
+    ws, pools = _fake_workspace(keep=keep, high_water=300, budget=0)
+    ws.trim = lambda: [p.free_all_blocks() for p in pools]
+    # 180 held (70 of them cached) and 120 more: at the mark, nothing goes back
+    Workspace.make_room(ws, 120)
+    assert [p.trims for p in pools] == [0, 0, 0]
+    # 121 more would pass it: the cached blocks go back first (unless kept)
+    Workspace.make_room(ws, 121)
+    assert [p.trims for p in pools] == ([0, 0, 0] if keep else [1, 1, 1])
+    assert ws.high_water == 300  # (the allocation itself records its footprint)
+    # within the budget, nothing goes back
+    ws, pools = _fake_workspace(keep=keep, high_water=100, budget=400)
+    ws.trim = lambda: [p.free_all_blocks() for p in pools]
+    Workspace.make_room(ws, 200)
+    assert [p.trims for p in pools] == [0, 0, 0]
+
+
 @gpu
 def test_pooled_routes_every_size_to_the_running_build_only():
     import cupy
