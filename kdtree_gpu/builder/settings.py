@@ -69,8 +69,9 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     the most), and their widest level holds 0.12-0.63 D records and
     1.06-2.31 D references. A level that finds its room full is run again,
     with the levels after it, with more room: a second page of the tree
-    (half the first room, or twice what the level asked for), a larger
-    buffer for its children
+    (what the levels from that one on are estimated to write,
+    :func:`kdtree_gpu.builder.gpu.small.page_growth`), a larger buffer for
+    its children
     (:func:`kdtree_gpu.builder.gpu.small.build_small_subtrees`), and a second
     page made again holds the old one while it is copied. So the first room
     holds the nodes of all but the bunny (4.5 D: the dragon subdivided

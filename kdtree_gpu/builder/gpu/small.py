@@ -260,9 +260,9 @@ def page_growth(taken, room: int) -> int:
 
     Where the levels shrink (the last took at most ``SHRINKING_RATIO`` of the
     one before), what the levels from it on take, as the sum of a geometric
-    series with that ratio, plus a quarter; else half the first room (the
-    levels still grow). At least twice what the level asked for, at most
-    half the first room. A page made again holds the old one while its rows
+    series of the ratio of the two, plus a quarter, at most half the first
+    room; else half the first room (the levels still grow). At least twice
+    what the level asked for. A page made again holds the old one while its rows
     are copied: doubling it, as before, was the peak of the dragon
     subdivided twice (H200: 495 bytes per triangle, its room full at its
     twelfth subtree level of 21, 6% of the stage's work).
