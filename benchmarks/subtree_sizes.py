@@ -51,7 +51,7 @@ MESHES = ["stanford_bunny", "sponza_dabrovic", "happy_buddha_100k", "lucy_100k",
 # of the loop's start level (settings.default_loop_capacity, small_refs >= 48)
 # (the stage's nodes: its first room, before the nodes the build's peak leaves
 # free, small.room_under_peak, are added)
-RESERVED = {"stage nodes": 4, "stage leaf entries": 4.5, "widest records": 0.65,
+RESERVED = {"stage nodes": 4.5, "stage leaf entries": 4.5, "widest records": 0.65,
             "widest refs": 2.4, "loop nodes": 1, "loop leaf entries": 4}
 # rooms for the subtree stage's tree nodes, per D, whose running out is reported:
 # the level of the stage that would find it full, the share of the stage's work
@@ -59,7 +59,7 @@ RESERVED = {"stage nodes": 4, "stage leaf entries": 4.5, "widest records": 0.65,
 # the full level does twice: the levels after it return at once in the run that
 # found it full), and the share from that level on (what a second run of every
 # level from there does again)
-ROOMS = (2, 3, 4)
+ROOMS = (2, 3, 4, 4.5)
 
 
 def tree_levels(node_axis, node_child, leaf):
