@@ -67,7 +67,8 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     (``benchmarks/results/subtree_sizes.md``), the subtrees add 0.9-5.2
     nodes and 1.2-4.0 leaf entries per D (conference the fewest, the bunny
     the most), and their widest level holds 0.12-0.63 D records and
-    1.06-2.31 D references. A level that finds its room full is run again,
+    1.06-2.31 D references (the bunny subdivided twice: 5.07 D nodes, 0.66 D
+    records and 2.39 D references). A level that finds its room full is run again,
     with the levels after it, with more room: a second page of the tree
     (what the levels from that one on are estimated to write,
     :func:`kdtree_gpu.builder.gpu.small.page_growth`), a larger buffer for
@@ -78,8 +79,9 @@ def default_small_capacity(deferred_refs: int) -> tuple:
     twice writes 4.12 D, and with 4 D its page made again was its peak; the
     build adds the nodes its peak leaves free,
     :func:`kdtree_gpu.builder.gpu.small.room_under_peak`, which hold the
-    bunny's) and what every measured mesh needs of the rest: 4.5 D leaf
-    entries, 0.65 D records and 2.4 D references. Each D
+    bunny's) and what every measured mesh but the bunny subdivided twice
+    (its records) needs of the rest: 4.5 D leaf entries, 0.65 D records and
+    2.4 D references. Each D
     of room costs 13 bytes per node, 4 per leaf entry, 72 per record (two
     buffers) and 8 per reference. The medium nodes' events (16-bit, six per
     reference, two buffers; made only when nodes of more than

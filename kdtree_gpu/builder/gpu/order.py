@@ -122,8 +122,8 @@ def rename_leaves_cuda(cp, arrays, order) -> int:
     Parameters
     ----------
     arrays : dict
-        The tree's device arrays (``node_axis``, ``node_child``, ``node_count``,
-        ``leaf_tris``), as :meth:`.output.TreeOutput.finish` returns them.
+        The tree's device arrays (``node_axis``, ``node_split``, ``node_child``,
+        ``node_count``, ``leaf_tris``), as :meth:`.output.TreeOutput.finish` returns them.
     order : (m,) int32 (device)
         From :func:`morton_order_cuda`.
 

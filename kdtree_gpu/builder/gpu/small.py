@@ -373,7 +373,7 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     # fit in the freed subtree buffers and was the bunny's peak (H100: 65 of
     # its 549 bytes per triangle). The freed buffers go back first where they
     # would hold the peak beside the offsets and the packed list.
-    make_room(8 * (num_nodes + 1) + num_leaf_refs * np.dtype(enc.LEAF_TRIS_DTYPE).itemsize)
+    make_room(8 * (num_nodes + 1) + num_leaf_refs * _LEAF_BYTES)
     with pooled():  # a temporary: cut from the freed subtree buffers where it fits
         offsets = cp.empty(num_nodes + 1, dtype=np.int64)
         lo, leaf_lo, hi, leaf_hi, node_split, leaf_split = out.page_args()[:6]
