@@ -211,14 +211,16 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
             # with its rows kept, both buffers and the copy were the bunny's
             # peak (H100: 573 bytes per triangle against 445); the next level
             # that finds it full makes it again the same way.
-            records, refs, _, events = buffers[first % 2]
-            has = [records.shape[0], refs.shape[0], events.shape[0]]
+            # (its shapes only: a view kept here, as the medium records' once was,
+            # held the first block, both buffers', through the leaf packing)
+            has = [buffers[first % 2][i].shape[0] for i in (0, 1, 3)]
             child = rows[first + 1]
             asked = (level_records(child[enc.SMALL_LEVEL_RECORDS]),
                      int(child[enc.SMALL_LEVEL_REFS]), int(child[enc.SMALL_LEVEL_EVENTS]))
             caps = [max(h, a * 5 // 4 + 1024) for h, a in zip(has, asked)]
-            records = refs = events = None
-            buffers[first % 2] = None  # (its block goes back to the pool first)
+            # (a block of its own goes back to the pool first; the first block
+            # stays while the other buffer's views hold it)
+            buffers[first % 2] = None
             buffers[first % 2] = _stage_buffers(cp, *caps)
         state.small_runs_full.append((first, full))
         # the level's counts and everything after it start again
