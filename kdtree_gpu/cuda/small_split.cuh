@@ -105,7 +105,12 @@ __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const doub
 // closes up to p in the high ones (r <= 64); n_pl[c]: planars at p, counted
 // only when some reference of the node is planar on the axis (PLANAR). The
 // source loop runs over valid references only, and its body is a few
-// instructions: it is the kernel's hot loop.
+// instructions: it is the kernel's hot loop, unrolled four times as measured
+// fastest against the compiler's own choice and two or eight (H200, profiled
+// subtree stage, two fresh processes each: conference 1.85-1.92 to 1.57-1.62
+// ms, armadillo subdivided twice 12.35-12.38 to 11.27-11.33, the bunny 0.93
+// to 0.94-0.95; twice: 1.66-1.69, 11.44-11.51, 0.90-0.92; eight times:
+// 1.79-1.88, 11.66-11.68, 0.93-0.99; benchmarks/results/subtree_count_unroll_h200.md).
 template <int NQ, bool PLANAR>
 __device__ __forceinline__ void kd_small_count(const float* lo_a, const float* hi_a, int r,
                                                int* n_lo_cl, int* n_pl)
@@ -116,6 +121,7 @@ __device__ __forceinline__ void kd_small_count(const float* lo_a, const float* h
 #pragma unroll
     for (int q = 0; q < NQ; ++q) {
         const int count = min(32, r - 32 * q);
+#pragma unroll 4
         for (int src = 0; src < count; ++src) {
             const float t_lo = __shfl_sync(full, lo_a[q], src);
             const float t_hi = __shfl_sync(full, hi_a[q], src);
