@@ -1,0 +1,181 @@
+#!/usr/bin/env python3
+"""How many of a warp node's bounds are candidate planes, from the reference tree (CPU only).
+
+The subtree stage gives each node of 9 to 64 references a warp
+(``cuda/small_split.cuh``, ``kd_small_best_split``): lane l holds references l
+and l + 32, and counts and costs the planes at its references' two bounds on
+each axis, 2 NQ slots a lane (NQ = 1 up to 32 references, else 2), whether a
+bound is a candidate or not. A candidate is a bound strictly inside the
+node's box (a planar reference's one event). Listing the warp's candidates
+first and giving each lane ``ceil(candidates / 32)`` of them would take
+fewer slots; this script says how many, from ``cpu_reference.build``'s tree
+(identical to the GPU's), so that the idea can be judged before it is
+written:
+
+* a node's references are the distinct triangles of its subtree's leaves
+  (without perfect splits a reference is a triangle), its box follows from
+  the root's box and the splits above it;
+* the subtree stage's nodes are those below the nodes the loop defers
+  (``subtree_sizes.phases``, the builder's defaults);
+* for each warp node and axis: the bounds strictly inside the box, and the
+  lane slots a list would take (``ceil(candidates / 32)``) against ``2 NQ``.
+
+    python benchmarks/probe_warp_candidates.py --mesh-dir DIR [--meshes NAME ...] [--out DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+MESHES = ["stanford_bunny", "happy_buddha_100k", "conference", "stanford_armadillo"]
+
+
+def node_boxes(tree, depth, leaf):
+    """Every node's box: the root's, cut by the splits above it."""
+    axis, child, split = tree.node_axis, tree.node_child, tree.node_split
+    lo = np.zeros((axis.shape[0], 3), np.float32)
+    hi = np.zeros((axis.shape[0], 3), np.float32)
+    lo[0], hi[0] = np.asarray(tree.bounds, dtype=np.float32)
+    for i in np.argsort(depth, kind="stable"):
+        a = axis[i]
+        if a == leaf:
+            continue
+        c = child[i]
+        lo[c], hi[c] = lo[i], hi[i]
+        hi[c, a] = split[i]
+        lo[c + 1], hi[c + 1] = lo[i], hi[i]
+        lo[c + 1, a] = split[i]
+    return lo, hi
+
+
+def node_pairs(tree, parent, depth, leaf):
+    """``(node, triangle)`` of every reference of every node, as ``node * m + triangle``,
+    and ``m`` (the references of ``subtree_sizes.node_references``, listed)."""
+    axis, child, count = tree.node_axis, tree.node_child, tree.node_count
+    leaves = np.flatnonzero((axis == leaf) & (count > 0))
+    owner = np.repeat(leaves, count[leaves])
+    starts = np.repeat(child[leaves] - np.cumsum(count[leaves]) + count[leaves], count[leaves])
+    tris = tree.leaf_tris[starts + np.arange(owner.size)].astype(np.int64)
+    m = int(tris.max()) + 1
+    pending, pair_depth = owner * m + tris, depth[owner]
+    carried, out = np.zeros(0, np.int64), []
+    for d in range(int(depth.max()), -1, -1):
+        here = np.unique(np.concatenate([pending[pair_depth == d], carried]))
+        out.append(here)
+        up = parent[here // m]
+        keep = up >= 0
+        carried = up[keep] * m + here[keep] % m
+    return np.concatenate(out), m
+
+
+def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
+    import cpu_reference
+    from bench_build import load
+    from subtree_sizes import phases, tree_levels
+
+    from kdtree_gpu import encoding as enc
+
+    V, F = load(spec, mesh_dir)
+    tree = cpu_reference.build(V, F)
+    leaf = enc.AXIS_LEAF
+    parent, depth = tree_levels(tree.node_axis, tree.node_child, leaf)
+    tri_lo, tri_hi = V[F].min(axis=1).astype(np.float32), V[F].max(axis=1).astype(np.float32)
+    pairs, m = node_pairs(tree, parent, depth, leaf)
+    n = tree.node_axis.shape[0]
+    node, tri = pairs // m, pairs % m
+    refs = np.bincount(node, minlength=n)
+    events = np.bincount(node, weights=np.where(tri_lo == tri_hi, 1, 2).sum(axis=1)[tri],
+                         minlength=n).astype(np.int64)
+    row = {"mesh": spec, "triangles": int(F.shape[0])}
+    if refs[0] < small_min_refs:
+        return {**row, "warp_nodes": 0}
+    deferred, _, _ = phases(tree, depth, refs, events, leaf, small_refs, small_min_refs,
+                            max_events)
+    in_stage = np.zeros(n, bool)
+    for i in np.argsort(depth, kind="stable"):
+        p = parent[i]
+        in_stage[i] = deferred[i] or (p >= 0 and in_stage[p])
+    # the warp path evaluates every such node (the leaf test comes after its best plane)
+    warp = in_stage & (refs > enc.SMALL_TINY_REFS) & (refs <= enc.SMALL_MAX_REFS)
+    keep = warp[node]
+    node, tri = node[keep], tri[keep]
+    box_lo, box_hi = node_boxes(tree, depth, leaf)
+    nq = np.where(refs[warp] > 32, 2, 1)
+    bounds = inside = slots_now = slots_listed = 0
+    by_k = np.zeros(5, np.int64)  # node axes by ceil(candidates / 32)
+    for a in range(3):
+        lo, hi = tri_lo[tri, a], tri_hi[tri, a]
+        nlo, nhi = box_lo[node, a], box_hi[node, a]
+        is_lo = (lo > nlo) & (lo < nhi)
+        is_hi = (hi != lo) & (hi > nlo) & (hi < nhi)
+        per_node = np.bincount(node, weights=is_lo.astype(np.int64) + is_hi, minlength=n)[warp]
+        k = np.ceil(per_node / 32).astype(np.int64)
+        by_k += np.bincount(k, minlength=5)[:5]
+        bounds += 2 * int(refs[warp].sum())
+        inside += int(per_node.sum())
+        slots_now += int((2 * nq).sum())
+        slots_listed += int(k.sum())
+    r = refs[warp]
+    return {**row, "warp_nodes": int(warp.sum()), "mean_refs": round(float(r.mean()), 1),
+            "over_32_refs": round(float((r > 32).mean()), 3),
+            "candidates_per_bound": round(inside / bounds, 3),
+            "lane_slots_now": slots_now, "lane_slots_listed": slots_listed,
+            "listed_per_now": round(slots_listed / slots_now, 3),
+            "node_axes_by_lane_slots": by_k.tolist()}
+
+
+def table(rows):
+    lines = ["| mesh | triangles | warp nodes | mean refs | share over 32 | candidates / bounds "
+             "| lane slots now | listed | listed / now | node axes with 0 / 1 / 2 / 3 / 4 listed "
+             "slots |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
+    for r in rows:
+        if not r["warp_nodes"]:
+            lines.append(f"| {r['mesh']} | {r['triangles']:,} | (defers nothing) |" + " |" * 7)
+            continue
+        lines.append(f"| {r['mesh']} | {r['triangles']:,} | {r['warp_nodes']:,} | "
+                     f"{r['mean_refs']} | {r['over_32_refs']:.1%} | "
+                     f"{r['candidates_per_bound']:.2f} | {r['lane_slots_now']:,} | "
+                     f"{r['lane_slots_listed']:,} | {r['listed_per_now']:.2f} | "
+                     + " / ".join(f"{x:,}" for x in r["node_axes_by_lane_slots"]) + " |")
+    return "\n".join(lines)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", ".meshes"))
+    parser.add_argument("--meshes", nargs="+", default=MESHES)
+    parser.add_argument("--out", help="write warp_candidates.md/.json here")
+    args = parser.parse_args()
+    rows = []
+    for spec in args.meshes:
+        rows.append(candidates(spec, args.mesh_dir))
+        print(json.dumps(rows[-1]), flush=True)
+    import platform
+
+    from _common import git_commit, utc_now
+
+    commit, date = git_commit(), utc_now()
+    text = (f"commit `{commit}`, {date}, {platform.machine()} CPU (no GPU: the counts follow "
+            "from the reference tree, `cpu_reference.build`, the builder's default settings).\n\n"
+            + table(rows))
+    print(text)
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "warp_candidates.md").write_text("# Candidate planes of the subtree stage's "
+                                                "warp nodes\n\n" + text + "\n")
+        (out / "warp_candidates.json").write_text(json.dumps(
+            {"commit": commit, "date": date, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
