@@ -25,9 +25,6 @@ written:
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 from pathlib import Path
 
@@ -57,30 +54,10 @@ def node_boxes(tree, depth, leaf):
     return lo, hi
 
 
-def node_pairs(tree, parent, depth, leaf):
-    """``(node, triangle)`` of every reference of every node, as ``node * m + triangle``,
-    and ``m`` (the references of ``subtree_sizes.node_references``, listed)."""
-    axis, child, count = tree.node_axis, tree.node_child, tree.node_count
-    leaves = np.flatnonzero((axis == leaf) & (count > 0))
-    owner = np.repeat(leaves, count[leaves])
-    starts = np.repeat(child[leaves] - np.cumsum(count[leaves]) + count[leaves], count[leaves])
-    tris = tree.leaf_tris[starts + np.arange(owner.size)].astype(np.int64)
-    m = int(tris.max()) + 1
-    pending, pair_depth = owner * m + tris, depth[owner]
-    carried, out = np.zeros(0, np.int64), []
-    for d in range(int(depth.max()), -1, -1):
-        here = np.unique(np.concatenate([pending[pair_depth == d], carried]))
-        out.append(here)
-        up = parent[here // m]
-        keep = up >= 0
-        carried = up[keep] * m + here[keep] % m
-    return np.concatenate(out), m
-
-
 def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
     import cpu_reference
     from bench_build import load
-    from subtree_sizes import phases, tree_levels
+    from subtree_sizes import level_pairs, phases, tree_levels
 
     from kdtree_gpu import encoding as enc
 
@@ -89,7 +66,9 @@ def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
     leaf = enc.AXIS_LEAF
     parent, depth = tree_levels(tree.node_axis, tree.node_child, leaf)
     tri_lo, tri_hi = V[F].min(axis=1).astype(np.float32), V[F].max(axis=1).astype(np.float32)
-    pairs, m = node_pairs(tree, parent, depth, leaf)
+    levels = list(level_pairs(tree, parent, depth, leaf))
+    m = levels[0][1]
+    pairs = np.concatenate([here for here, _ in levels])
     n = tree.node_axis.shape[0]
     node, tri = pairs // m, pairs % m
     refs = np.bincount(node, minlength=n)
@@ -150,31 +129,12 @@ def table(rows):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", ".meshes"))
-    parser.add_argument("--meshes", nargs="+", default=MESHES)
-    parser.add_argument("--out", help="write warp_candidates.md/.json here")
-    args = parser.parse_args()
-    rows = []
-    for spec in args.meshes:
-        rows.append(candidates(spec, args.mesh_dir))
-        print(json.dumps(rows[-1]), flush=True)
-    import platform
+    from subtree_sizes import tree_model_main
 
-    from _common import git_commit, utc_now
-
-    commit, date = git_commit(), utc_now()
-    text = (f"commit `{commit}`, {date}, {platform.machine()} CPU (no GPU: the counts follow "
-            "from the reference tree, `cpu_reference.build`, the builder's default settings).\n\n"
-            + table(rows))
-    print(text)
-    if args.out:
-        out = Path(args.out)
-        out.mkdir(parents=True, exist_ok=True)
-        (out / "warp_candidates.md").write_text("# Candidate planes of the subtree stage's "
-                                                "warp nodes\n\n" + text + "\n")
-        (out / "warp_candidates.json").write_text(json.dumps(
-            {"commit": commit, "date": date, "rows": rows}, indent=1) + "\n")
+    tree_model_main(__doc__, MESHES, candidates, table, "warp_candidates",
+                    "Candidate planes of the subtree stage's warp nodes",
+                    "(no GPU: the counts follow from the reference tree, `cpu_reference.build`, "
+                    "the builder's default settings).")
 
 
 if __name__ == "__main__":

@@ -80,29 +80,37 @@ def tree_levels(node_axis, node_child, leaf):
     return parent, depth
 
 
-def node_references(tree, parent, depth, leaf, weight):
-    """References of every node (distinct triangles among its subtree's leaf
-    entries), and the sum of ``weight[triangle]`` over them."""
+def level_pairs(tree, parent, depth, leaf):
+    """The references of the nodes of each depth, deepest first: ``(pairs, m)`` with
+    ``pairs = node * m + triangle``, the distinct triangles among each node's
+    subtree's leaf entries (without perfect splits a reference is a triangle)."""
     axis, child, count = tree.node_axis, tree.node_child, tree.node_count
     leaves = np.flatnonzero((axis == leaf) & (count > 0))
     owner = np.repeat(leaves, count[leaves])
     starts = np.repeat(child[leaves] - np.cumsum(count[leaves]) + count[leaves], count[leaves])
     tris = tree.leaf_tris[starts + np.arange(owner.size)].astype(np.int64)
     m = int(tris.max()) + 1 if tris.size else 1
-    refs = np.zeros(axis.shape[0], dtype=np.int64)
-    weighted = np.zeros(axis.shape[0], dtype=np.int64)
     pending = owner * m + tris  # (node, triangle) pairs, deepest level first
     pair_depth = depth[owner]
     carried = np.zeros(0, dtype=np.int64)
     for d in range(int(depth.max()), -1, -1):
         here = np.unique(np.concatenate([pending[pair_depth == d], carried]))
+        yield here, m
+        up = parent[here // m]
+        keep = up >= 0
+        carried = up[keep] * m + here[keep] % m
+
+
+def node_references(tree, parent, depth, leaf, weight):
+    """References of every node (:func:`level_pairs`), and the sum of
+    ``weight[triangle]`` over them."""
+    refs = np.zeros(tree.node_axis.shape[0], dtype=np.int64)
+    weighted = np.zeros(tree.node_axis.shape[0], dtype=np.int64)
+    for here, m in level_pairs(tree, parent, depth, leaf):
         nodes = here // m
         refs += np.bincount(nodes, minlength=refs.size)
         weighted += np.bincount(nodes, weights=weight[here % m],
                                 minlength=refs.size).astype(np.int64)
-        up = parent[nodes]
-        keep = up >= 0
-        carried = up[keep] * m + here[keep] % m
     return refs, weighted
 
 
@@ -274,35 +282,43 @@ def table(rows):
     return "\n".join(lines)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def tree_model_main(doc, meshes, model, table, stem, title, what, extra=None):
+    """The command line of a script that models the GPU build from the reference tree:
+    ``model(spec, mesh_dir)`` gives each mesh's row (printed as JSON), ``table(rows)``
+    the Markdown table, printed after a line naming the commit, the date and ``what``
+    the rows are; ``--out DIR`` writes ``<stem>.md`` (under ``title``) and
+    ``<stem>.json`` (the rows, beside ``extra``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
     parser.add_argument("--mesh-dir", default=os.environ.get("KDTREE_GPU_MESH_DIR", ".meshes"))
-    parser.add_argument("--meshes", nargs="+", default=MESHES)
-    parser.add_argument("--out", help="write subtree_sizes.md/.json here")
+    parser.add_argument("--meshes", nargs="+", default=meshes)
+    parser.add_argument("--out", help=f"write {stem}.md/.json here")
     args = parser.parse_args()
     rows = []
     for spec in args.meshes:
-        rows.append(sizes(spec, args.mesh_dir))
+        rows.append(model(spec, args.mesh_dir))
         print(json.dumps(rows[-1]), flush=True)
     import platform
 
     from _common import git_commit, utc_now
 
     commit, date = git_commit(), utc_now()
-    text = (f"commit `{commit}`, {date}, {platform.machine()} CPU (no GPU: the sizes follow "
-            "from the tree). "
-            "Stage nodes and leaf entries, widest records and refs: per deferred reference D; "
-            "loop nodes and leaf entries: per reference of the loop's start level. From "
-            "`cpu_reference.build` "
-            "(small_refs 64).\n\n" + table(rows))
+    text = f"commit `{commit}`, {date}, {platform.machine()} CPU {what}\n\n" + table(rows)
     print(text)
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        record = {"commit": commit, "date": date, "reserved": RESERVED, "meshes": rows}
-        (out / "subtree_sizes.json").write_text(json.dumps(record, indent=1) + "\n")
-        title = "# What the GPU build's phases write\n\n"
-        (out / "subtree_sizes.md").write_text(title + text + "\n")
+        record = {"commit": commit, "date": date, **(extra or {}), "meshes": rows}
+        (out / f"{stem}.json").write_text(json.dumps(record, indent=1) + "\n")
+        (out / f"{stem}.md").write_text(f"# {title}\n\n" + text + "\n")
+
+
+def main():
+    tree_model_main(__doc__, MESHES, sizes, table, "subtree_sizes",
+                    "What the GPU build's phases write",
+                    "(no GPU: the sizes follow from the tree). Stage nodes and leaf entries, "
+                    "widest records and refs: per deferred reference D; loop nodes and leaf "
+                    "entries: per reference of the loop's start level. From "
+                    "`cpu_reference.build` (small_refs 64).", {"reserved": RESERVED})
 
 
 if __name__ == "__main__":
