@@ -109,8 +109,9 @@ __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const doub
 // fastest against the compiler's own choice and two or eight (H200, profiled
 // subtree stage, two fresh processes each: conference 1.85-1.92 to 1.57-1.62
 // ms, armadillo subdivided twice 12.35-12.38 to 11.27-11.33, the bunny 0.93
-// to 0.94-0.95; twice: 1.66-1.69, 11.44-11.51, 0.90-0.92; eight times:
-// 1.79-1.88, 11.66-11.68, 0.93-0.99; benchmarks/results/subtree_count_unroll_h200.md).
+// to 0.94-0.95, and 0.93 to 0.90 in four more rounds; twice: 1.66-1.69,
+// 11.44-11.51, 0.90-0.92; eight times: 1.79-1.88, 11.66-11.68, 0.93-0.99;
+// benchmarks/results/subtree_count_unroll_h200.md).
 template <int NQ, bool PLANAR>
 __device__ __forceinline__ void kd_small_count(const float* lo_a, const float* hi_a, int r,
                                                int* n_lo_cl, int* n_pl)
