@@ -54,13 +54,14 @@ def medium(spec, mesh_dir, thresholds=THRESHOLDS, small_refs=64, small_min_refs=
     import cpu_reference
     from bench_build import load
     from kdtree_gpu import encoding as enc
+    from kdtree_gpu.mesh import triangle_bounds
 
     V, F = load(spec, mesh_dir)
     tree = cpu_reference.build(V, F)
     leaf = enc.AXIS_LEAF
     axis, child = tree.node_axis, tree.node_child
     parent, depth = tree_levels(axis, child, leaf)
-    lo, hi = V[F].min(axis=1), V[F].max(axis=1)
+    lo, hi = triangle_bounds(V, F)
     refs, events = node_references(tree, parent, depth, leaf,
                                    np.where(lo == hi, 1, 2).sum(axis=1).astype(np.int64))
     deferred, runs, stage_levels = phases(tree, depth, refs, events, leaf, small_refs,

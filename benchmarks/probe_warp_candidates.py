@@ -60,12 +60,13 @@ def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
     from subtree_sizes import level_pairs, phases, tree_levels
 
     from kdtree_gpu import encoding as enc
+    from kdtree_gpu.mesh import triangle_bounds
 
     V, F = load(spec, mesh_dir)
     tree = cpu_reference.build(V, F)
     leaf = enc.AXIS_LEAF
     parent, depth = tree_levels(tree.node_axis, tree.node_child, leaf)
-    tri_lo, tri_hi = V[F].min(axis=1).astype(np.float32), V[F].max(axis=1).astype(np.float32)
+    tri_lo, tri_hi = triangle_bounds(V, F)
     levels = list(level_pairs(tree, parent, depth, leaf))
     m = levels[0][1]
     pairs = np.concatenate([here for here, _ in levels])

@@ -169,6 +169,7 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
     import cpu_reference
     from bench_build import load
     from kdtree_gpu import encoding as enc
+    from kdtree_gpu.mesh import triangle_bounds
 
     V, F = load(spec, mesh_dir)
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def sizes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 2
     leaf = enc.AXIS_LEAF
     parent, depth = tree_levels(tree.node_axis, tree.node_child, leaf)
     # a triangle's events: one per axis where its box is flat, else two
-    lo, hi = V[F].min(axis=1), V[F].max(axis=1)
+    lo, hi = triangle_bounds(V, F)
     refs, events = node_references(tree, parent, depth, leaf,
                                    np.where(lo == hi, 1, 2).sum(axis=1).astype(np.int64))
     num_root = int(refs[0])

@@ -122,20 +122,18 @@ def tree_blocks():
     return _running_context("tree_blocks")
 
 
-def _on_running(method: str) -> None:
-    """Call the running build's :class:`Workspace` method ``method``; outside a
-    build nothing happens."""
+def _on_running(method: str, *args) -> None:
+    """Call the running build's :class:`Workspace` method ``method`` with ``args``;
+    outside a build nothing happens."""
     workspace = getattr(_active, "workspace", None)
     if workspace is not None:
-        getattr(workspace, method)()
+        getattr(workspace, method)(*args)
 
 
 def make_room(nbytes: int) -> None:
     """:meth:`Workspace.make_room` of the running build; outside a build nothing
     happens."""
-    workspace = getattr(_active, "workspace", None)
-    if workspace is not None:
-        workspace.make_room(nbytes)
+    _on_running("make_room", nbytes)
 
 
 def release_tree_blocks() -> None:

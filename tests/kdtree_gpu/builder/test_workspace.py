@@ -152,6 +152,30 @@ def test_room_is_made_only_for_an_allocation_that_would_raise_the_peak(keep):
     assert [p.trims for p in pools] == [0, 0, 0]
 
 
+def test_module_calls_reach_the_running_build_only():
+    from kdtree_gpu.builder.gpu import workspace
+
+    calls = []
+
+    class Running:
+        def make_room(self, nbytes):
+            calls.append(("make_room", nbytes))
+
+        def release_tree_blocks(self):
+            calls.append(("release_tree_blocks",))
+
+    workspace.make_room(64)  # no build running: nothing happens
+    workspace.release_tree_blocks()
+    assert calls == []
+    workspace._active.workspace = Running()
+    try:
+        workspace.make_room(64)
+        workspace.release_tree_blocks()
+    finally:
+        workspace._active.workspace = None
+    assert calls == [("make_room", 64), ("release_tree_blocks",)]
+
+
 @gpu
 def test_pooled_routes_every_size_to_the_running_build_only():
     import cupy
