@@ -26,9 +26,8 @@
 namespace cg = cooperative_groups;
 
 // body(i) for i in [0, n), grid-strided, with the same trip count in every
-// lane of a warp so that every lane reaches the warp collectives of the cost
-// pass (kd_split_cost_warp; a warp takes 32 consecutive items: the stride is
-// a multiple of 32).
+// lane of a warp so that every lane reaches the warp collectives of a body
+// (a warp takes 32 consecutive items: the stride is a multiple of 32).
 template <typename Body>
 __device__ __forceinline__ void kd_grid_for(long long n, Body body)
 {
@@ -216,6 +215,8 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     long long* event_base = block_sum + 3 * gridDim.x;  // chunk bases of the chunked scans
     long long* ref_base = block_sum + 4 * gridDim.x;
     const bool leader = blockIdx.x == 0 && threadIdx.x == 0;
+    // each warp's queue of candidates in the cost pass (kd_split_cost_warp_range)
+    __shared__ unsigned short cost_queue[KD_LOOP_BLOCK / 32][64];
     for (;;) {
         const int nxt = (cur < 0 ? start_slot : cur) == 0 ? 1 : 0;
         long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
@@ -257,12 +258,25 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, {nullptr, nullptr}, event_side,
                            s.seg_min_cost, s.seg_best};
-        kd_grid_for_events(num_events, num_events, ref, node, [&](long long e, int, int nd) {
-            kd_split_cost_warp(cost, e & ~31ll, partial_rows, [&](long long) { return nd; });
-            // with perfect splits, each reference's box in its node (R2)
-            if (clip && e < num_events)
-                kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
-        });
+        // Each warp a range of consecutive chunks of 32 events, its candidates
+        // costed 32 at a time (kd_split_cost_warp_range)
+        {
+            const long long num_chunks = (num_events + 31) >> 5;
+            const long long warps = (long long)gridDim.x * (KD_LOOP_BLOCK / 32);
+            long long per = (num_chunks + warps - 1) / warps;
+            per = per < KD_COST_RANGE_CHUNKS ? per : KD_COST_RANGE_CHUNKS;
+            const long long warp = (long long)blockIdx.x * (KD_LOOP_BLOCK / 32) + (threadIdx.x >> 5);
+            for (long long c0 = warp * per; c0 < num_chunks; c0 += warps * per) {
+                const long long c1 = c0 + per < num_chunks ? c0 + per : num_chunks;
+                kd_split_cost_warp_range(cost, c0, c1, partial_rows, cost_queue[threadIdx.x >> 5],
+                                         [&](long long e) {
+                                             // with perfect splits, each reference's box in its node (R2)
+                                             if (clip)
+                                                 kd_reference_box_event(pos, kind, ref, seg, e,
+                                                                        s.ref_lo, s.ref_hi);
+                                         });
+            }
+        }
         grid.sync();
         // select_best_splits and decide_leaves (R4, R8): first the arg-min of
         // the segments that reach past a warp's events

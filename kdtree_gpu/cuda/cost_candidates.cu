@@ -97,34 +97,6 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
     if (threadIdx.x == 0) oc_tile[blockIdx.x] = kd_lr64(total);
 }
 
-// One lane of a cost warp over candidates (every lane calls it): the warp's
-// num_live candidates are events e0 + list[0 .. num_live), in event order.
-__device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long e0,
-                                                  const unsigned short* list, int num_live,
-                                                  unsigned long long* rows)
-{
-    const unsigned full = 0xffffffffu;
-    const int lane = threadIdx.x & 31;
-    const bool live = lane < num_live;
-    const long long e = e0 + list[live ? lane : 0];
-    int node = 0, axis = 0, seg = -1;
-    double cost = __longlong_as_double((long long)KD_INF_BITS);
-    if (live) {
-        seg = a.event_seg.of(e, node, axis);
-        signed char side;
-        cost = kd_candidate_cost(a, e, seg, node, axis, kd_event_plane(a, e, seg, node, axis),
-                                 &side);
-        if (a.event_cost.hi) a.event_cost.store(e, cost);
-        a.event_side[e] = side;
-    }
-    const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
-    const long long first = __shfl_sync(full, e, 0);
-    const long long end = __shfl_sync(full, e, num_live - 1) + 1;
-    kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
-                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
-                   rows);
-}
-
 // Pass 2, a block of KD_SCAN_BLOCK threads a tile of KD_SCAN_TILE events: the
 // tile's candidates listed from pass 1's masks (their offsets in the tile, in
 // shared memory), then a lane a candidate: each candidate's cost and side, and

@@ -75,9 +75,9 @@ struct KdEventSegment {
         return seg ? (int)(seg[e] / num_nodes) : offset_axis(e);
     }
     // Event e's segment, and its node and axis, where `known` is its node as
-    // derived_node_of(e) gives it: the level loop loads that an iteration
-    // ahead (kd_grid_for_events); a stored segment gives its own, and `known`
-    // is not read.
+    // derived_node_of(e) gives it: the level loop's scatter loads that an
+    // iteration ahead (kd_grid_for_events); a stored segment gives its own,
+    // and `known` is not read.
     __device__ __forceinline__ int of_node(long long e, int known, int& node, int& ax) const
     {
         ax = offset_axis(e);
@@ -350,10 +350,10 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
 // computed the near-minima again from stored 32-bit keys, took 29 ms of a
 // 5.5M-triangle build on an H100.)
 //
-// node_of(e): what of_node needs of a live event e: the level loop passes the
-// node it loaded an iteration ahead (kd_grid_for_events); the stages' launch
-// loads it through the reference where segments are derived
-// (KdEventSegment::derived_node_of), and a stored segment gives its own.
+// node_of(e): what of_node needs of a live event e: the small staged levels'
+// launch (kd_split_costs) loads it through the reference where segments are
+// derived (KdEventSegment::derived_node_of), and a stored segment gives its
+// own. (The level loop runs kd_split_cost_warp_range, below.)
 template <typename NodeOf>
 __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
                                                    unsigned long long* partial_rows,
@@ -379,6 +379,105 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     kd_warp_argmin(a, seg, live, candidate, bits, w0, end, (int)(end - w0),
                    [&](int src) { return (unsigned long long)(w0 + src); },
                    partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5));
+}
+
+// One lane of a cost warp over candidates (every lane calls it): the warp's
+// num_live candidates are events e0 + list[0 .. num_live), in event order.
+__device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long e0,
+                                                  const unsigned short* list, int num_live,
+                                                  unsigned long long* rows)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const bool live = lane < num_live;
+    const long long e = e0 + list[live ? lane : 0];
+    int node = 0, axis = 0, seg = -1;
+    double cost = __longlong_as_double((long long)KD_INF_BITS);
+    if (live) {
+        seg = a.event_seg.of(e, node, axis);
+        signed char side;
+        cost = kd_candidate_cost(a, e, seg, node, axis, kd_event_plane(a, e, seg, node, axis),
+                                 &side);
+        if (a.event_cost.hi) a.event_cost.store(e, cost);
+        a.event_side[e] = side;
+    }
+    const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
+    const long long first = __shfl_sync(full, e, 0);
+    const long long end = __shfl_sync(full, e, num_live - 1) + 1;
+    kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
+                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
+                   rows);
+}
+
+// The cost pass of one warp over its own consecutive chunks [c0, c1) of 32
+// events (c1 - c0 at most KD_COST_RANGE_CHUNKS), with rule R8's arg-min: the
+// level loop's form of kd_split_costs_candidates (cost_candidates.cu). A warp
+// over every event (kd_split_cost_warp) ran the cost and the arg-min for a
+// few candidate lanes a chunk; here each chunk only tests its events'
+// candidacy (R4-R5), and the candidates queue up in `queue` (the warp's 64
+// 16-bit offsets from the range's first event, shared memory) until 32 of
+// them run the cost and the arg-min with every lane busy (kd_candidate_lane).
+// The range's b-th 32 candidates use the partial rows of its b-th chunk (a
+// range has no more candidates than events); the chunks past its candidates
+// leave theirs empty. per_event(e): work of the same pass on each live event
+// (the loop's reference boxes with perfect splits).
+// Measured on an H200 (profiled level-loop launch, two fresh processes each,
+// against every event a lane: benchmarks/results/loop_cost_range_h200.md):
+// the bunny 1.42 to 1.27 ms, conference 6.26-6.30 to 5.76-5.77, armadillo
+// 4.17-4.20 to 3.95-3.96, subdivided once 14.83-14.88 to 13.16-13.17. Loading
+// each chunk's references and nodes a chunk ahead (kd_grid_for_events' way)
+// took more registers and was 1-2% slower.
+constexpr long long KD_COST_RANGE_CHUNKS = 65536 / 32;  // (16-bit offsets in the queue)
+
+template <typename PerEvent>
+__device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, long long c0,
+                                                         long long c1,
+                                                         unsigned long long* partial_rows,
+                                                         unsigned short* queue,
+                                                         PerEvent per_event)
+{
+    const unsigned full = 0xffffffffu;
+    const int lane = threadIdx.x & 31;
+    const unsigned lanes_below = (1u << lane) - 1u;
+    const long long e0 = c0 << 5;
+    const long long num_events = a.num_events;
+    const KdEventSegment& sg = a.event_seg;
+    long long e = e0 + lane;
+    int count = 0;  // candidates queued (at most 31 between chunks)
+    long long batch = c0;  // the chunk whose partial rows the next 32 candidates use
+    const auto rows_of = [&](long long chunk) {
+        return partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * chunk;
+    };
+    for (long long c = c0; c < c1; ++c, e += 32) {
+        bool candidate = false;
+        if (e < num_events) {
+            int node, axis;
+            const int seg = sg.of(e, node, axis);
+            const KdEventPlane pl = kd_event_plane(a, e, seg, node, axis);
+            candidate = kd_event_candidate(a, e, node, axis, pl);
+            per_event(e);
+        }
+        const unsigned mask = __ballot_sync(full, candidate);
+        if (candidate) queue[count + __popc(mask & lanes_below)] = (unsigned short)(e - e0);
+        count += __popc(mask);
+        __syncwarp();
+        if (count >= 32) {
+            kd_candidate_lane(a, e0, queue, 32, rows_of(batch++));
+            const int rest = count - 32;
+            const unsigned short moved = lane < rest ? queue[32 + lane] : 0;
+            __syncwarp();
+            if (lane < rest) queue[lane] = moved;
+            __syncwarp();
+            count = rest;
+        }
+    }
+    if (count > 0) kd_candidate_lane(a, e0, queue, count, rows_of(batch++));
+    __syncwarp();  // (the queue is read before the warp's next range writes it)
+    for (long long c = batch; c < c1; ++c) {
+        unsigned long long* rows = rows_of(c);
+        if (lane == 0) rows[0] = KD_NO_INDEX;
+        if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+    }
 }
 
 // After kd_split_cost_warp: a partial row's index is its segment's arg-min
