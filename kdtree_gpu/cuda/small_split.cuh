@@ -101,7 +101,8 @@ __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const doub
 // The run-head counts of this lane's candidates on one axis over the node's r
 // references: candidate c is lo (c even) or hi (c odd) of reference c / 2 of
 // the lane's NQ (lo_a, hi_a: the references' bounds on the axis, lane l
-// holding references l + 32 q). n_lo_cl[c]: opens before p in the low 16 bits,
+// holding references l + 32 q; row[j]: reference j's pair, in shared memory).
+// n_lo_cl[c]: opens before p in the low 16 bits,
 // closes up to p in the high ones (r <= 64); n_pl[c]: planars at p, counted
 // only when some reference of the node is planar on the axis (PLANAR). The
 // source loop runs over valid references only, and its body is a few
@@ -114,9 +115,8 @@ __device__ __forceinline__ void kd_small_consider(KdSmallSplit& best, const doub
 // benchmarks/results/subtree_count_unroll_h200.md).
 template <int NQ, bool PLANAR>
 __device__ __forceinline__ void kd_small_count(const float* lo_a, const float* hi_a, int r,
-                                               int* n_lo_cl, int* n_pl)
+                                               const float2* row, int* n_lo_cl, int* n_pl)
 {
-    const unsigned full = 0xffffffffu;
 #pragma unroll
     for (int c = 0; c < 2 * NQ; ++c) n_lo_cl[c] = n_pl[c] = 0;
 #pragma unroll
@@ -124,8 +124,9 @@ __device__ __forceinline__ void kd_small_count(const float* lo_a, const float* h
         const int count = min(32, r - 32 * q);
 #pragma unroll 4
         for (int src = 0; src < count; ++src) {
-            const float t_lo = __shfl_sync(full, lo_a[q], src);
-            const float t_hi = __shfl_sync(full, hi_a[q], src);
+            // (every lane reads the same word: one broadcast load for both bounds)
+            const float2 t = row[32 * q + src];
+            const float t_lo = t.x, t_hi = t.y;
 #pragma unroll
             for (int c = 0; c < 2 * NQ; ++c) {
                 const float p = c & 1 ? hi_a[c >> 1] : lo_a[c >> 1];
@@ -150,25 +151,33 @@ __device__ __forceinline__ KdSmallSplit kd_small_best_split(
     KdSmallSplit best = kd_small_no_split();
     const KdSmallBox box = kd_small_box(nlo, nhi);
     const bool two = r > 32;  // the same in every lane
+    // the node's bounds on the axis, (lo, hi) of reference j at row[j], for the
+    // count: one broadcast load where two shuffles an iteration were (H200,
+    // subtree stage 1-3% faster: benchmarks/results/subtree_row_h200.md)
+    __shared__ float2 rows[KD_SMALL_BLOCK / 32][KD_SMALL_MAX_REFS];
+    float2* row = rows[threadIdx.x >> 5];
 #pragma unroll 1
     for (int axis = 0; axis < 3; ++axis) {
         if (cfg.longest_only && axis != box.longest) continue;
         float lo_a[KD_SMALL_PER_LANE], hi_a[KD_SMALL_PER_LANE];
         bool planar = false;
+        __syncwarp();  // (the last axis's count has read the row)
 #pragma unroll
         for (int q = 0; q < KD_SMALL_PER_LANE; ++q) {
             lo_a[q] = kd_pick3(blo[q], axis);
             hi_a[q] = kd_pick3(bhi[q], axis);
             planar |= tri[q] >= 0 && lo_a[q] == hi_a[q];
+            row[32 * q + (threadIdx.x & 31)] = make_float2(lo_a[q], hi_a[q]);
         }
+        __syncwarp();  // (the row's stores before the count's loads)
         planar = __any_sync(full, planar);
         int n_lo_cl[2 * KD_SMALL_PER_LANE], n_pl[2 * KD_SMALL_PER_LANE];
         if (two) {
-            if (planar) kd_small_count<2, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
-            else kd_small_count<2, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            if (planar) kd_small_count<2, true>(lo_a, hi_a, r, row, n_lo_cl, n_pl);
+            else kd_small_count<2, false>(lo_a, hi_a, r, row, n_lo_cl, n_pl);
         } else {
-            if (planar) kd_small_count<1, true>(lo_a, hi_a, r, n_lo_cl, n_pl);
-            else kd_small_count<1, false>(lo_a, hi_a, r, n_lo_cl, n_pl);
+            if (planar) kd_small_count<1, true>(lo_a, hi_a, r, row, n_lo_cl, n_pl);
+            else kd_small_count<1, false>(lo_a, hi_a, r, row, n_lo_cl, n_pl);
             n_lo_cl[2] = n_lo_cl[3] = n_pl[2] = n_pl[3] = 0;
         }
         const float lo_k = kd_pick3(nlo, axis), hi_k = kd_pick3(nhi, axis);
