@@ -34,8 +34,9 @@ Conventions for the sources
 
 First use on a machine
 ----------------------
-CuPy compiles a module with NVRTC when its first kernel is asked for (4-6 s
-for the builder's modules on an H200) and keeps the binary in its on-disk
+CuPy compiles a module with NVRTC when its first kernel is asked for (a first
+build compiles six or seven modules one after another: 10-17 s on an H200
+machine, benchmarks/results/build_h200.md) and keeps the binary in its on-disk
 kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), so
 later processes load it in milliseconds. Before the first compilation of a
 module this machine has not compiled before, :data:`GPU_COMPILE_MESSAGE` is
@@ -76,7 +77,7 @@ BASE_OPTIONS = ("--std=c++17", "-lineinfo")
 DEFAULT_NVCC_ARCH = "sm_90"
 
 GPU_COMPILE_MESSAGE = ("kdtree-gpu: compiling GPU kernels for sm_{arch}, once per machine "
-                       "(a few seconds)...")
+                       "(10-20 seconds)...")
 
 _module_cache: dict = {}
 _function_cache: dict = {}
