@@ -259,22 +259,22 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                            k_intersect, empty_bonus, {nullptr, nullptr}, event_side,
                            s.seg_min_cost, s.seg_best};
         // Each warp a range of consecutive chunks of 32 events, its candidates
-        // costed 32 at a time (kd_split_cost_warp_range)
+        // costed 32 at a time (kd_split_cost_warp_range); with perfect splits
+        // also each reference's box in its node (R2)
         {
             const long long num_chunks = (num_events + 31) >> 5;
             const long long warps = (long long)gridDim.x * (KD_LOOP_BLOCK / 32);
             long long per = (num_chunks + warps - 1) / warps;
             per = per < KD_COST_RANGE_CHUNKS ? per : KD_COST_RANGE_CHUNKS;
-            const long long warp = (long long)blockIdx.x * (KD_LOOP_BLOCK / 32) + (threadIdx.x >> 5);
+            const long long warp =
+                (long long)blockIdx.x * (KD_LOOP_BLOCK / 32) + (threadIdx.x >> 5);
             for (long long c0 = warp * per; c0 < num_chunks; c0 += warps * per) {
                 const long long c1 = c0 + per < num_chunks ? c0 + per : num_chunks;
-                kd_split_cost_warp_range(cost, c0, c1, partial_rows, cost_queue[threadIdx.x >> 5],
-                                         [&](long long e) {
-                                             // with perfect splits, each reference's box in its node (R2)
-                                             if (clip)
-                                                 kd_reference_box_event(pos, kind, ref, seg, e,
-                                                                        s.ref_lo, s.ref_hi);
-                                         });
+                kd_split_cost_warp_range(
+                    cost, c0, c1, partial_rows, cost_queue[threadIdx.x >> 5], [&](long long e) {
+                        if (clip)
+                            kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
+                    });
             }
         }
         grid.sync();
