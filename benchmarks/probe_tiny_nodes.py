@@ -25,8 +25,9 @@ would give), so that the idea can be judged before it is written:
 * per level: warps of 32 nodes in a random order (seed 0) and in the order
   of their iterations; lane utilisation = the nodes' iterations over 32
   times the warps'; also ordered by their references alone (what a parent
-  knows of a child when it writes the record). Also the share of the tiny nodes' candidate visits made
-  by nodes of at most 4 references (whose count needs 4 slots, not 8).
+  knows of a child when it writes the record). Also the share of the tiny
+  nodes' candidate visits made by nodes of at most 4 references (whose count
+  needs 4 slots, not 8).
 
     python benchmarks/probe_tiny_nodes.py --mesh-dir DIR [--meshes NAME ...] [--out DIR]
 """
@@ -56,61 +57,39 @@ def warp_iterations(iters, rng=None):
 
 
 def tiny_lanes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
-    import cpu_reference
-    from bench_build import load
-    from probe_warp_candidates import node_boxes
-    from subtree_sizes import level_pairs, phases, tree_levels
+    from probe_warp_candidates import node_boxes, stage_model
 
     from kdtree_gpu import encoding as enc
-    from kdtree_gpu.mesh import triangle_bounds
 
-    V, F = load(spec, mesh_dir)
-    tree = cpu_reference.build(V, F)
-    leaf = enc.AXIS_LEAF
-    parent, depth = tree_levels(tree.node_axis, tree.node_child, leaf)
-    tri_lo, tri_hi = triangle_bounds(V, F)
-    levels = list(level_pairs(tree, parent, depth, leaf))
-    m = levels[0][1]
-    pairs = np.concatenate([here for here, _ in levels])
-    n = tree.node_axis.shape[0]
-    node, tri = pairs // m, pairs % m
-    refs = np.bincount(node, minlength=n)
-    events = np.bincount(node, weights=np.where(tri_lo == tri_hi, 1, 2).sum(axis=1)[tri],
-                         minlength=n).astype(np.int64)
-    row = {"mesh": spec, "triangles": int(F.shape[0])}
-    if refs[0] < small_min_refs:
+    row, s = stage_model(spec, mesh_dir, small_refs, small_min_refs, max_events)
+    if s is None:
         return {**row, "tiny_nodes": 0}
-    deferred, _, _ = phases(tree, depth, refs, events, leaf, small_refs, small_min_refs,
-                            max_events)
-    in_stage = np.zeros(n, bool)
-    for i in np.argsort(depth, kind="stable"):
-        p = parent[i]
-        in_stage[i] = deferred[i] or (p >= 0 and in_stage[p])
-    tiny = in_stage & (refs >= 1) & (refs <= enc.SMALL_TINY_REFS)
+    node, tri = s.node, s.tri
+    tiny = s.in_stage & (s.refs >= 1) & (s.refs <= enc.SMALL_TINY_REFS)
     keep = tiny[node]
     node, tri = node[keep], tri[keep]
-    box_lo, box_hi = node_boxes(tree, depth, leaf)
-    cands = np.zeros((n, 3), np.int64)
+    box_lo, box_hi = node_boxes(s.tree, s.depth, s.leaf)
+    cands = np.zeros((s.n, 3), np.int64)
     for a in range(3):
-        lo, hi = tri_lo[tri, a], tri_hi[tri, a]
+        lo, hi = s.tri_lo[tri, a], s.tri_hi[tri, a]
         nlo, nhi = box_lo[node, a], box_hi[node, a]
         is_lo = (lo > nlo) & (lo < nhi)
         is_hi = (hi != lo) & (hi > nlo) & (hi < nhi)
-        cands[:, a] = np.bincount(node, weights=is_lo.astype(np.int64) + is_hi, minlength=n)
+        cands[:, a] = np.bincount(node, weights=is_lo.astype(np.int64) + is_hi, minlength=s.n)
     iters = -(-cands // 2)  # two candidates an iteration
     rng = np.random.default_rng(0)
     work = now = binned = by_refs = 0
     ids = np.flatnonzero(tiny)
-    for d in np.unique(depth[ids]):
-        level = ids[depth[ids] == d]
+    for d in np.unique(s.depth[ids]):
+        level = ids[s.depth[ids] == d]
         it = iters[level]
         work += int(it.sum())
         now += warp_iterations(it, rng)
         order = np.lexsort((it[:, 2], it[:, 1], it[:, 0], it.sum(axis=1)))
         binned += warp_iterations(it[order])
         # (by references only: what a parent knows of a child when it writes its record)
-        by_refs += warp_iterations(it[np.argsort(refs[level], kind="stable")])
-    r = refs[ids]
+        by_refs += warp_iterations(it[np.argsort(s.refs[level], kind="stable")])
+    r = s.refs[ids]
     visits = cands[ids].sum(axis=1)
     return {**row, "tiny_nodes": int(ids.size), "mean_refs": round(float(r.mean()), 2),
             "refs_histogram": np.bincount(r, minlength=9)[1:].tolist(),

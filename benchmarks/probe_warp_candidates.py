@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 
@@ -54,7 +55,17 @@ def node_boxes(tree, depth, leaf):
     return lo, hi
 
 
-def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
+def stage_model(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
+    """The subtree stage's nodes of a mesh's reference tree (builder defaults).
+
+    Returns
+    -------
+    (row, model) : row ``{"mesh", "triangles"}``; model None where the build
+        defers nothing, else a namespace: tree, depth, leaf (the leaf axis code),
+        node and tri (every (node, triangle) reference pair), refs (each node's
+        references), in_stage (the nodes the subtree stage builds), tri_lo and
+        tri_hi (the triangles' boxes), n (nodes).
+    """
     import cpu_reference
     from bench_build import load
     from subtree_sizes import level_pairs, phases, tree_levels
@@ -77,34 +88,45 @@ def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
                          minlength=n).astype(np.int64)
     row = {"mesh": spec, "triangles": int(F.shape[0])}
     if refs[0] < small_min_refs:
-        return {**row, "warp_nodes": 0}
+        return row, None
     deferred, _, _ = phases(tree, depth, refs, events, leaf, small_refs, small_min_refs,
                             max_events)
     in_stage = np.zeros(n, bool)
     for i in np.argsort(depth, kind="stable"):
         p = parent[i]
         in_stage[i] = deferred[i] or (p >= 0 and in_stage[p])
+    return row, SimpleNamespace(tree=tree, depth=depth, leaf=leaf, node=node, tri=tri, refs=refs,
+                                in_stage=in_stage, tri_lo=tri_lo, tri_hi=tri_hi, n=n)
+
+
+def candidates(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
+    from kdtree_gpu import encoding as enc
+
+    row, s = stage_model(spec, mesh_dir, small_refs, small_min_refs, max_events)
+    if s is None:
+        return {**row, "warp_nodes": 0}
+    node, tri = s.node, s.tri
     # the warp path evaluates every such node (the leaf test comes after its best plane)
-    warp = in_stage & (refs > enc.SMALL_TINY_REFS) & (refs <= enc.SMALL_MAX_REFS)
+    warp = s.in_stage & (s.refs > enc.SMALL_TINY_REFS) & (s.refs <= enc.SMALL_MAX_REFS)
     keep = warp[node]
     node, tri = node[keep], tri[keep]
-    box_lo, box_hi = node_boxes(tree, depth, leaf)
-    nq = np.where(refs[warp] > 32, 2, 1)
+    box_lo, box_hi = node_boxes(s.tree, s.depth, s.leaf)
+    nq = np.where(s.refs[warp] > 32, 2, 1)
     bounds = inside = slots_now = slots_listed = 0
     by_k = np.zeros(5, np.int64)  # node axes by ceil(candidates / 32)
     for a in range(3):
-        lo, hi = tri_lo[tri, a], tri_hi[tri, a]
+        lo, hi = s.tri_lo[tri, a], s.tri_hi[tri, a]
         nlo, nhi = box_lo[node, a], box_hi[node, a]
         is_lo = (lo > nlo) & (lo < nhi)
         is_hi = (hi != lo) & (hi > nlo) & (hi < nhi)
-        per_node = np.bincount(node, weights=is_lo.astype(np.int64) + is_hi, minlength=n)[warp]
+        per_node = np.bincount(node, weights=is_lo.astype(np.int64) + is_hi, minlength=s.n)[warp]
         k = np.ceil(per_node / 32).astype(np.int64)
         by_k += np.bincount(k, minlength=5)[:5]
-        bounds += 2 * int(refs[warp].sum())
+        bounds += 2 * int(s.refs[warp].sum())
         inside += int(per_node.sum())
         slots_now += int((2 * nq).sum())
         slots_listed += int(k.sum())
-    r = refs[warp]
+    r = s.refs[warp]
     return {**row, "warp_nodes": int(warp.sum()), "mean_refs": round(float(r.mean()), 1),
             "over_32_refs": round(float((r > 32).mean()), 3),
             "candidates_per_bound": round(inside / bounds, 3),
