@@ -39,10 +39,12 @@ __device__ __forceinline__ void kd_grid_for(long long n, Body body)
 // kd_grid_for over a level's n items, of which those below num_events are its
 // events: body(e, ref, node) with event e's reference (event_ref[e]) and that
 // reference's node (ref_node[ref]), 0 past num_events. Both are loaded ahead,
-// the reference two iterations before its event's and the node one: the cost
-// pass and the scatter wait mostly on chains of dependent loads (event ->
-// reference -> node -> the node's offsets -> the scans at its segment), and
-// this takes the chain's first two links out of each iteration.
+// the reference two iterations before its event's and the node one: the
+// scatter waits mostly on chains of dependent loads (event -> reference ->
+// node -> the node's offsets -> the scans at its segment), and this takes the
+// chain's first two links out of each iteration. (The cost pass walks ranges
+// of chunks instead, kd_split_cost_warp_range, where loading ahead measured
+// slower.)
 template <typename Body>
 __device__ __forceinline__ void kd_grid_for_events(long long n, long long num_events,
                                                    const int* event_ref, const int* ref_node,
