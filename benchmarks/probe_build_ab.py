@@ -42,6 +42,10 @@ print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sy
                   "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),
                   "loop_ms": round(prof.get("build_levels_grid", {}).get("total_ms", 0), 3),
                   "costs_ms": round(prof.get("compute_split_costs: costs", {}).get("total_ms", 0), 3),
+                  "prepass_ms": round(prof.get("compute_split_costs: scan: tile sums", {})
+                                      .get("total_ms", 0), 3),
+                  "route_scan_ms": round(prof.get("route: event scan: tile sums", {})
+                                         .get("total_ms", 0), 3),
                   "scatter_ms": round(prof.get("split_refs_and_events", {}).get("total_ms", 0), 3),
                   "kernels_ms": round(kernels_ms(prof), 3),
                   **({"relaunches": tree.build_info["scatter_relaunches"],

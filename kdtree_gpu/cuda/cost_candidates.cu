@@ -52,7 +52,14 @@ extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_
 // tile's events (a run head strictly inside its segment's seg_range: pass 0) as
 // one mask per chunk of 32 events (cand_mask). For the tests (event_cost_hi not
 // null), also stores +inf as the cost of every event that is no candidate.
-extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
+// Eight blocks a multiprocessor (32 registers, a few bytes spilled): the pass
+// waits on its dependent loads (event -> segment -> its range and first
+// event), and more resident warps hide them. Measured on an H200 (staged
+// levels, benchmarks/results/cost_prepass_occupancy_h200.md): 5.84-5.90 ms a
+// build at five blocks (48 registers), 5.01-5.08 at six, 4.44-4.47 at eight
+// (armadillo subdivided twice); subdivided three times 25.3, 21.6, 18.7 ms.
+// Loading a thread's items before the scan (more registers) was slower.
+extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK, 8)
 kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restrict__ event_pos,
                 const int* __restrict__ event_seg, const int* __restrict__ event_ref,
                 const int* __restrict__ ref_node, const long long* __restrict__ seg_event_offset,
