@@ -9,7 +9,8 @@ fresh processes::
     PYTHONPATH=. python benchmarks/probe_build_ab.py stanford_armadillo@sub2
 
 ``KD_SETTINGS`` (JSON, optional) gives ``GpuSettings`` fields for every build, e.g.
-``KD_SETTINGS='{"workspace_budget": 288}'``.
+``KD_SETTINGS='{"workspace_budget": 288}'``. ``AB_ROWS=1`` adds every row of the profile
+(``rows``: description -> total ms), for comparing single stages.
 
 (The digest of the tree's arrays is printed too; the subtree stage numbers its nodes with
 atomics, so it differs from build to build: compare trees with the tests.)"""
@@ -50,4 +51,6 @@ print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sy
                   "kernels_ms": round(kernels_ms(prof), 3),
                   **({"relaunches": tree.build_info["scatter_relaunches"],
                       "stage_levels": len(tree.build_info["stage_levels"])}
-                     if "scatter_relaunches" in tree.build_info else {})}), flush=True)
+                     if "scatter_relaunches" in tree.build_info else {}),
+                  **({"rows": {k: round(v["total_ms"], 3) for k, v in prof.items()}}
+                     if os.environ.get("AB_ROWS") else {})}), flush=True)
