@@ -89,6 +89,28 @@ def tiny_lanes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
         binned += warp_iterations(it[order])
         # (by references only: what a parent knows of a child when it writes its record)
         by_refs += warp_iterations(it[np.argsort(s.refs[level], kind="stable")])
+    # One thread per tiny subtree, depth first (a thread builds a tiny root's
+    # whole subtree, its nodes one after another): a lane's work is its
+    # subtree's iterations over every node and axis, a warp's the busiest
+    # lane's; roots in a random order, by their subtree's work, by their references.
+    from subtree_sizes import tree_levels
+
+    parent, _ = tree_levels(s.tree.node_axis, s.tree.node_child, s.leaf)
+    root_of = np.full(s.n, -1, np.int64)
+    for i in ids[np.argsort(s.depth[ids], kind="stable")]:
+        p = parent[i]
+        root_of[i] = root_of[p] if p >= 0 and tiny[p] else i
+    roots = np.flatnonzero(root_of == np.arange(s.n))
+    subtree_work = np.bincount(root_of[ids], weights=iters[ids].sum(axis=1), minlength=s.n)
+    lane_work = subtree_work[roots].astype(np.int64)
+
+    def dfs_warps(w):
+        pad = (-w.size) % 32
+        return int(np.concatenate([w, np.zeros(pad, w.dtype)]).reshape(-1, 32).max(axis=1).sum())
+
+    dfs_now = dfs_warps(lane_work[rng.permutation(lane_work.size)])
+    dfs_sorted = dfs_warps(np.sort(lane_work))
+    dfs_by_refs = dfs_warps(lane_work[np.argsort(s.refs[roots], kind="stable")])
     r = s.refs[ids]
     visits = cands[ids].sum(axis=1)
     return {**row, "tiny_nodes": int(ids.size), "mean_refs": round(float(r.mean()), 2),
@@ -99,17 +121,26 @@ def tiny_lanes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
             "lane_utilisation_now": round(work / (32 * max(now, 1)), 3),
             "lane_utilisation_binned": round(work / (32 * max(binned, 1)), 3),
             "lane_utilisation_by_refs": round(work / (32 * max(by_refs, 1)), 3),
-            "warp_iterations_binned_per_now": round(binned / max(now, 1), 3)}
+            "warp_iterations_binned_per_now": round(binned / max(now, 1), 3),
+            "tiny_levels": int(np.unique(s.depth[ids]).size), "tiny_roots": int(roots.size),
+            "nodes_per_root": round(ids.size / max(roots.size, 1), 2),
+            "dfs_lane_utilisation": round(work / (32 * max(dfs_now, 1)), 3),
+            "dfs_lane_utilisation_sorted": round(work / (32 * max(dfs_sorted, 1)), 3),
+            "dfs_lane_utilisation_by_refs": round(work / (32 * max(dfs_by_refs, 1)), 3),
+            "dfs_warp_iterations_per_now": round(dfs_now / max(now, 1), 3)}
 
 
 def table(rows):
     lines = ["| mesh | triangles | tiny nodes | mean refs | nodes of 1..8 refs | candidates a node "
              "| visits by nodes of <= 4 refs | lanes busy now | lanes busy, binned "
-             "| lanes busy, by references | warp iterations binned / now |",
-             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|"]
+             "| lanes busy, by references | warp iterations binned / now "
+             "| tiny levels | tiny roots | nodes a root | subtree a thread: lanes busy "
+             "| by subtree work | by root references | warp iterations / now |",
+             "|---|---:|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:"
+             "|---:|---:|"]
     for r in rows:
         if not r["tiny_nodes"]:
-            lines.append(f"| {r['mesh']} | {r['triangles']:,} | (defers nothing) |" + " |" * 8)
+            lines.append(f"| {r['mesh']} | {r['triangles']:,} | (defers nothing) |" + " |" * 15)
             continue
         lines.append(f"| {r['mesh']} | {r['triangles']:,} | {r['tiny_nodes']:,} | "
                      f"{r['mean_refs']} | " + " / ".join(f"{x:,}" for x in r["refs_histogram"])
@@ -117,7 +148,11 @@ def table(rows):
                      f"{r['share_of_visits_by_nodes_of_4_or_fewer']:.1%} | "
                      f"{r['lane_utilisation_now']:.1%} | {r['lane_utilisation_binned']:.1%} | "
                      f"{r['lane_utilisation_by_refs']:.1%} | "
-                     f"{r['warp_iterations_binned_per_now']:.2f} |")
+                     f"{r['warp_iterations_binned_per_now']:.2f} | {r['tiny_levels']} | "
+                     f"{r['tiny_roots']:,} | {r['nodes_per_root']} | "
+                     f"{r['dfs_lane_utilisation']:.1%} | {r['dfs_lane_utilisation_sorted']:.1%} | "
+                     f"{r['dfs_lane_utilisation_by_refs']:.1%} | "
+                     f"{r['dfs_warp_iterations_per_now']:.2f} |")
     return "\n".join(lines)
 
 
@@ -131,7 +166,9 @@ def main():
                     "ceil(candidates / 2) an axis; lanes busy: the nodes' iterations over 32 "
                     "times the warps' (the busiest lane's, per axis), records in a random "
                     "order (now), ordered by their iterations within each level (binned) or by "
-                    "their references (by references). "
+                    "their references (by references); subtree a thread: each thread builds a "
+                    "tiny root's whole subtree depth first, a warp's work its busiest lane's "
+                    "(roots in a random order, by their subtree's work, by their references). "
                     "From `cpu_reference.build`.")
 
 
