@@ -149,10 +149,9 @@ kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
     __syncthreads();
     const int count = s_before[CHUNKS];
     for (int q = threadIdx.x >> 5; q < tile_chunks; q += KD_SCAN_BLOCK / 32) {
-        unsigned long long* rows = partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (k0 + q);
+        unsigned long long* rows = kd_argmin_rows(partial, k0 + q);
         if (32 * q >= count) {  // (warp-uniform)
-            if (lane == 0) rows[0] = KD_NO_INDEX;
-            if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+            kd_argmin_rows_empty(rows, lane);
             continue;
         }
         const int left = count - 32 * q;

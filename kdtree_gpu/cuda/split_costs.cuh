@@ -341,6 +341,21 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
     if (lane == 1 && !last_part) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
 }
 
+// The partial arg-min rows of chunk `chunk` of 32 events (KD_ARGMIN_ROWS_PER_WARP
+// rows of KD_ARGMIN_ROW words: its first run's part and its last one's).
+__device__ __forceinline__ unsigned long long* kd_argmin_rows(unsigned long long* partial,
+                                                              long long chunk)
+{
+    return partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * chunk;
+}
+
+// A chunk whose warp costed no candidate: both its rows empty (lanes 0 and 1).
+__device__ __forceinline__ void kd_argmin_rows_empty(unsigned long long* rows, int lane)
+{
+    if (lane == 0) rows[0] = KD_NO_INDEX;
+    if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+}
+
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
 // its minimum cost) in the same pass, a warp's 32 consecutive events at a time
 // (every lane calls it; lane l takes event w0 + l; kd_warp_argmin). No barrier:
@@ -378,7 +393,7 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     // rows 2w (the first run's part) and 2w + 1 (the last one's), w = w0 / 32
     kd_warp_argmin(a, seg, live, candidate, bits, w0, end, (int)(end - w0),
                    [&](int src) { return (unsigned long long)(w0 + src); },
-                   partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * (w0 >> 5));
+                   kd_argmin_rows(partial_rows, w0 >> 5));
 }
 
 // One lane of a cost warp over candidates (every lane calls it): the warp's
@@ -445,9 +460,6 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
     long long e = e0 + lane;
     int count = 0;  // candidates queued (at most 31 between chunks)
     long long batch = c0;  // the chunk whose partial rows the next 32 candidates use
-    const auto rows_of = [&](long long chunk) {
-        return partial_rows + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * chunk;
-    };
     for (long long c = c0; c < c1; ++c, e += 32) {
         bool candidate = false;
         if (e < num_events) {
@@ -462,7 +474,7 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
         count += __popc(mask);
         __syncwarp();
         if (count >= 32) {
-            kd_candidate_lane(a, e0, queue, 32, rows_of(batch++));
+            kd_candidate_lane(a, e0, queue, 32, kd_argmin_rows(partial_rows, batch++));
             const int rest = count - 32;
             const unsigned short moved = lane < rest ? queue[32 + lane] : 0;
             __syncwarp();
@@ -471,13 +483,10 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
             count = rest;
         }
     }
-    if (count > 0) kd_candidate_lane(a, e0, queue, count, rows_of(batch++));
+    if (count > 0) kd_candidate_lane(a, e0, queue, count, kd_argmin_rows(partial_rows, batch++));
     __syncwarp();  // (the queue is read before the warp's next range writes it)
-    for (long long c = batch; c < c1; ++c) {
-        unsigned long long* rows = rows_of(c);
-        if (lane == 0) rows[0] = KD_NO_INDEX;
-        if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
-    }
+    for (long long c = batch; c < c1; ++c)
+        kd_argmin_rows_empty(kd_argmin_rows(partial_rows, c), lane);
 }
 
 // After kd_split_cost_warp: a partial row's index is its segment's arg-min
