@@ -46,14 +46,14 @@ MESHES = ["stanford_bunny", "conference", "stanford_armadillo", "stanford_armadi
 
 
 def warp_iterations(iters, rng=None):
-    """Warp iterations for nodes with per-axis iterations ``iters`` ((k, 3)), in
+    """Warp iterations for lanes with per-axis iterations ``iters`` ((k, axes)), in
     groups of 32 in the given order (``rng``: shuffled first): the sum over
     warps and axes of the busiest lane's."""
     if rng is not None:
         iters = iters[rng.permutation(iters.shape[0])]
     pad = (-iters.shape[0]) % 32
-    padded = np.concatenate([iters, np.zeros((pad, 3), iters.dtype)])
-    return int(padded.reshape(-1, 32, 3).max(axis=1).sum())
+    padded = np.concatenate([iters, np.zeros((pad, iters.shape[1]), iters.dtype)])
+    return int(padded.reshape(-1, 32, iters.shape[1]).max(axis=1).sum())
 
 
 def tiny_lanes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1 << 23):
@@ -102,15 +102,11 @@ def tiny_lanes(spec, mesh_dir, small_refs=64, small_min_refs=32768, max_events=1
         root_of[i] = root_of[p] if p >= 0 and tiny[p] else i
     roots = np.flatnonzero(root_of == np.arange(s.n))
     subtree_work = np.bincount(root_of[ids], weights=iters[ids].sum(axis=1), minlength=s.n)
-    lane_work = subtree_work[roots].astype(np.int64)
-
-    def dfs_warps(w):
-        pad = (-w.size) % 32
-        return int(np.concatenate([w, np.zeros(pad, w.dtype)]).reshape(-1, 32).max(axis=1).sum())
-
-    dfs_now = dfs_warps(lane_work[rng.permutation(lane_work.size)])
-    dfs_sorted = dfs_warps(np.sort(lane_work))
-    dfs_by_refs = dfs_warps(lane_work[np.argsort(s.refs[roots], kind="stable")])
+    # (one column: a lane's whole subtree, every axis)
+    lane_work = subtree_work[roots].astype(np.int64)[:, None]
+    dfs_now = warp_iterations(lane_work, rng)
+    dfs_sorted = warp_iterations(np.sort(lane_work, axis=0))
+    dfs_by_refs = warp_iterations(lane_work[np.argsort(s.refs[roots], kind="stable")])
     r = s.refs[ids]
     visits = cands[ids].sum(axis=1)
     return {**row, "tiny_nodes": int(ids.size), "mean_refs": round(float(r.mean()), 2),
