@@ -36,18 +36,17 @@ h = hashlib.sha1()
 for name in ("node_axis", "node_split", "node_child", "node_count", "leaf_tris"):
     h.update(cupy.asnumpy(tree.device_array(name)).tobytes())
 prof = tree.build_info["profile"]
+# (key: profile row) of the stages printed on their own
+ROWS = {"small_ms": "small subtrees", "loop_ms": "build_levels_grid",
+        "costs_ms": "compute_split_costs: costs",
+        "prepass_ms": "compute_split_costs: scan: tile sums",
+        "route_scan_ms": "route: event scan: tile sums", "scatter_ms": "split_refs_and_events"}
 print(json.dumps({"pkg": os.path.dirname(kd.__file__).split("/")[-2], "mesh": sys.argv[1],
                   **({"settings": SETTINGS} if SETTINGS else {}),
                   "ms": round(float(np.median(T)), 3), "digest": h.hexdigest()[:12],
                   "peak_B_per_tri": round(tree.build_info["peak_device_bytes"] / int(F.shape[0]), 1),
-                  "small_ms": round(prof.get("small subtrees", {}).get("total_ms", 0), 3),
-                  "loop_ms": round(prof.get("build_levels_grid", {}).get("total_ms", 0), 3),
-                  "costs_ms": round(prof.get("compute_split_costs: costs", {}).get("total_ms", 0), 3),
-                  "prepass_ms": round(prof.get("compute_split_costs: scan: tile sums", {})
-                                      .get("total_ms", 0), 3),
-                  "route_scan_ms": round(prof.get("route: event scan: tile sums", {})
-                                         .get("total_ms", 0), 3),
-                  "scatter_ms": round(prof.get("split_refs_and_events", {}).get("total_ms", 0), 3),
+                  **{key: round(prof.get(row, {}).get("total_ms", 0), 3)
+                     for key, row in ROWS.items()},
                   "kernels_ms": round(kernels_ms(prof), 3),
                   **({"relaunches": tree.build_info["scatter_relaunches"],
                       "stage_levels": len(tree.build_info["stage_levels"])}
