@@ -157,8 +157,10 @@ class LevelScratch(SoA):
     split_leaf_ex: object = soa_field(np.int64)  # (N + 1) its scan
     ref_class: object = soa_field(np.uint8)  # (R)
     ref_lr_ex: object = soa_field(np.uint32)  # (R + 1) scan of the (left, right) flags
-    child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
     # Perfect splits in the level loop (no rows without clipping; C new events):
+    # (without them the children's offsets are read off the flag scans:
+    # kd_child_offsets in cuda/build_stages.cuh)
+    child_count: object = soa_field(np.int64)  # (8N + 2) child group sizes
     ref_lo: object = soa_field(np.float32)  # (3R) each reference's box in its node
     ref_hi: object = soa_field(np.float32)  # (3R)
     copy_lo: object = soa_field(np.float32)  # (6R) box of reference r's copy in child side:
@@ -179,7 +181,7 @@ class LevelScratch(SoA):
         return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
                 "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
-                "ref_class": r, "ref_lr_ex": r + 1, "child_count": 8 * n + 2,
+                "ref_class": r, "ref_lr_ex": r + 1, "child_count": c * (8 * n + 2),
                 "ref_lo": c * 3 * r, "ref_hi": c * 3 * r, "copy_lo": c * 6 * r,
                 "copy_hi": c * 6 * r, "new_count": c * (6 * n + 1),
                 "new_offset": c * (6 * n + 1), "new_cursor": c * 6 * n, "new_key": cap_new,

@@ -163,75 +163,53 @@ kd_event_lr_heads(const int* __restrict__ event_ref, const unsigned char* __rest
     const long long *node_ref_offset, const long long *ref_lr_ex,                          \
         const long long *seg_event_offset, const long long *event_lr_ex,                   \
         const bool *node_split, const long long *split_leaf_ex, long long num_nodes,       \
-        long long *child_ref_count, long long *child_event_count
+        long long *child_ref_offset, long long *child_event_offset
 #define KD_ROUTE_ARGS                                                                      \
     {node_ref_offset, ref_lr_ex, seg_event_offset, event_lr_ex, node_split, split_leaf_ex,  \
-     num_nodes, child_ref_count, child_event_count}
+     num_nodes, nullptr, nullptr}
 
-extern "C" __global__ void kd_child_counts(KD_ROUTE_PARAMS)
+// route_refs and route_events for the stages' large levels, whose events'
+// scan is the one kd_event_lr_heads leaves (event_lr_ex is null): the
+// children's offsets (kd_child_offsets, item t of 6n + 1) with the scan at a
+// segment's first event (or, for segment 3n, at the end) as its tile's prefix
+// plus the head's local scan; each splitting node's segment starts go to
+// seg_start (3n) for kd_scatter_chunks, and item 0 gathers the totals for
+// the host's one read: [splitting nodes, child refs, child events, leaf refs].
+extern "C" __global__ void kd_child_offsets_heads(KD_ROUTE_PARAMS,
+                                                  const long long* __restrict__ event_tile_prefix,
+                                                  const unsigned int* __restrict__ head_local,
+                                                  long long* __restrict__ seg_start,
+                                                  long long* __restrict__ totals)
 {
-    KdRouteArgs a = KD_ROUTE_ARGS;
-    long long t = kd_tid();
-    if (t < 4 * a.num_nodes) kd_child_count(a, t);
-}
-
-// The same for the stages' large levels, whose events' scan is the one
-// kd_event_lr_heads leaves (event_lr_ex is null): the scan at a segment's
-// first event (or, for segment 3n, at the end) is its tile's prefix plus the
-// head's local scan. Each splitting node's segment starts go to seg_start
-// (3n) for kd_scatter_chunks.
-extern "C" __global__ void kd_child_counts_heads(KD_ROUTE_PARAMS,
-                                                 const long long* __restrict__ event_tile_prefix,
-                                                 const unsigned int* __restrict__ head_local,
-                                                 long long* __restrict__ seg_start)
-{
-    KdRouteArgs a = KD_ROUTE_ARGS;
-    long long t = kd_tid();
-    if (t < a.num_nodes) {
-        kd_child_count(a, t);
-    } else if (t < 4 * a.num_nodes) {
-        long long start = kd_child_count(a, t, [&](long long g) {
-            return event_tile_prefix[seg_event_offset[g] / KD_SCAN_TILE] + kd_lr64(head_local[g]);
-        });
-        if (start >= 0) seg_start[t - a.num_nodes] = start;
-    }
+    const KdRouteArgs a = KD_ROUTE_ARGS;
+    const long long t = kd_tid();
+    const auto scan_at = [&](long long g) {
+        return event_tile_prefix[seg_event_offset[g] / KD_SCAN_TILE] + kd_lr64(head_local[g]);
+    };
+    if (t > 6 * a.num_nodes) return;
+    const long long start = kd_child_offsets(a, t, scan_at, child_ref_offset, child_event_offset);
+    if (start >= 0) seg_start[t - a.num_nodes] = start;
+    if (t == 0) kd_level_totals_of(a, scan_at, totals);
 }
 
 // Small levels: one block does all of route_refs and route_events (the two
-// flag scans, the child counts, the two offset scans) and gathers the totals:
-// one launch instead of five and a memset.
+// flag scans and the children's offsets, kd_child_offsets) and gathers the
+// totals: one launch.
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_small_route(KD_ROUTE_PARAMS, const unsigned char* __restrict__ ref_class, long long num_refs,
                long long* out_ref_lr_ex, const int* __restrict__ event_ref, int clip,
-               long long num_events, long long* out_event_lr_ex,
-               long long* __restrict__ child_ref_offset,
-               long long* __restrict__ child_event_offset, long long* __restrict__ totals)
+               long long num_events, long long* out_event_lr_ex, long long* __restrict__ totals)
 {
     // ref_lr_ex / event_lr_ex (inputs of KdRouteArgs) are the outputs of the
-    // first two scans: the caller passes the same arrays for both.
-    KdRouteArgs a = KD_ROUTE_ARGS;
+    // two scans: the caller passes the same arrays for both.
+    const KdRouteArgs a = KD_ROUTE_ARGS;
     kd_block_scan(KdLoadRefLR{ref_class}, num_refs + 1, out_ref_lr_ex);
     kd_block_scan(KdLoadEventLR{event_ref, ref_class, clip}, num_events + 1, out_event_lr_ex);
-    long long n = a.num_nodes;
-    for (long long i = threadIdx.x; i < 2 * n + 1; i += blockDim.x) a.child_ref_count[i] = 0;
-    for (long long i = threadIdx.x; i < 6 * n + 1; i += blockDim.x) a.child_event_count[i] = 0;
     __syncthreads();
-    for (long long t = threadIdx.x; t < 4 * n; t += blockDim.x) kd_child_count(a, t);
-    __syncthreads();
-    kd_block_scan(KdLoadArray{a.child_ref_count}, 2 * n + 1, child_ref_offset);
-    kd_block_scan(KdLoadArray{a.child_event_count}, 6 * n + 1, child_event_offset);
-    if (threadIdx.x == 0)
-        kd_write_totals(a.split_leaf_ex, child_ref_offset, child_event_offset, n, totals);
-}
-
-extern "C" __global__ void kd_level_totals(const long long* __restrict__ split_leaf_ex,
-                                           const long long* __restrict__ child_ref_offset,
-                                           const long long* __restrict__ child_event_offset,
-                                           long long num_nodes,
-                                           long long* __restrict__ totals)
-{
-    if (kd_tid() == 0)
-        kd_write_totals(split_leaf_ex, child_ref_offset, child_event_offset, num_nodes, totals);
+    const auto scan_at = [&](long long g) { return a.event_lr_ex[a.seg_event_offset[g]]; };
+    for (long long t = threadIdx.x; t <= 6 * a.num_nodes; t += blockDim.x)
+        kd_child_offsets(a, t, scan_at, child_ref_offset, child_event_offset);
+    if (threadIdx.x == 0) kd_level_totals_of(a, scan_at, totals);
 }
 
 extern "C" __global__ void kd_emit_nodes(const bool* __restrict__ node_split,
@@ -315,7 +293,7 @@ extern "C" __global__ void kd_scatter(KD_SCATTER_HEAD_PARAMS,
 // each warp scans the flags of its 32 events from the scan before them (the
 // tile's prefix, event_tile_prefix, and the chunk's within the tile,
 // chunk_local: kd_event_lr_heads), and a segment's start is seg_start's
-// (kd_child_counts_heads). Launched with whole warps a block. (Scanning a
+// (kd_child_offsets_heads). Launched with whole warps a block. (Scanning a
 // whole tile a block, eight events a thread, moved each thread's events one
 // after another: 9% slower than kd_scatter with the scan stored, H100, 5.5M
 // triangles; a block scan of chunks of a block's events, 7%.)

@@ -296,11 +296,13 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             if (kd_defer_small(select, i, cfg.small_refs))
                 atomicAdd((unsigned long long*)&status[KD_LOOP_DEFER_LEVEL], 1ull);
         });
-        kd_grid_for(8 * n + 2, [&](long long i) {
-            if (i < 8 * n + 2) s.child_count[i] = 0;
-            if (clip && i < 6 * n + 1) s.new_count[i] = 0;
-            if (clip && i < 6 * n) s.new_cursor[i] = 0;
-        });
+        if (clip) {  // (the child sizes: perfect splits only, kd_child_offsets)
+            kd_grid_for(8 * n + 2, [&](long long i) {
+                if (i < 8 * n + 2) s.child_count[i] = 0;
+                if (i < 6 * n + 1) s.new_count[i] = 0;
+                if (i < 6 * n) s.new_cursor[i] = 0;
+            });
+        }
         grid.sync();
         // classify_triangles (R9), beside the first half of the scan of the
         // (split, leaf count) values
@@ -311,8 +313,9 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         kd_grid_for(num_refs, [&](long long i) { kd_classify_ref(classify, i); });
         kd_grid_scan_sums(KdLoadArray{s.split_leaf}, n + 1, sums0);
         grid.sync();
-        // route_refs and route_events: the flag scans, the child counts and
-        // the scans of the child counts into the children's offsets
+        // route_refs and route_events: the flag scans, then the children's
+        // offsets (read off them; with perfect splits, the child sizes and
+        // their scans)
         kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
         const KdLoadRefLR ref_lr = {s.ref_class};
         kd_grid_scan_sums(ref_lr, num_refs + 1, sums1);
@@ -354,30 +357,42 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         grid.sync();
         KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
-        kd_grid_for(4 * n, [&](long long t) {
-            if (t >= 4 * n) return;
-            kd_child_count(route, t);
-            if (clip && t >= n && s.node_split[(t - n) % n]) {
-                // a child segment holds its kept and its new events
-                long long c = kd_child_group(t - n, n, s.split_leaf_ex, split_count);
-                for (int side = 1; side <= 2; ++side) {
-                    long long add = s.new_count[c + side];
-                    child_event_count[c + side] += add;
-                    if (add > cfg.clip_segment)
-                        atomicMax((unsigned long long*)&status[KD_LOOP_CLIP_SEGMENT],
-                                  (unsigned long long)add);
+        if (!clip) {
+            // the children's offsets read off the flag scans, without their
+            // sizes or two scans of them (and two grid barriers)
+            kd_grid_for(6 * n + 1, [&](long long t) {
+                if (t <= 6 * n)
+                    kd_child_offsets(
+                        route, t, [&](long long g) { return event_scan[seg_event_offset[g]]; },
+                        child_ref_offset, child_event_offset);
+            });
+        } else {
+            kd_grid_for(4 * n, [&](long long t) {
+                if (t >= 4 * n) return;
+                kd_child_count(route, t);
+                if (t >= n && s.node_split[(t - n) % n]) {
+                    // a child segment holds its kept and its new events
+                    long long c = kd_child_group(t - n, n, s.split_leaf_ex, split_count);
+                    for (int side = 1; side <= 2; ++side) {
+                        long long add = s.new_count[c + side];
+                        child_event_count[c + side] += add;
+                        if (add > cfg.clip_segment)
+                            atomicMax((unsigned long long*)&status[KD_LOOP_CLIP_SEGMENT],
+                                      (unsigned long long)add);
+                    }
                 }
-            }
-        });
-        if (clip) kd_grid_scan_sums(KdLoadArray{s.new_count}, 6 * n + 1, sums2);
-        grid.sync();
-        kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
-        kd_grid_scan_sums(KdLoadArray{child_event_count}, 6 * n + 1, sums1);
-        if (clip) kd_grid_scan_finish(KdLoadArray{s.new_count}, 6 * n + 1, sums2, s.new_offset);
-        grid.sync();
-        kd_grid_scan_finish(KdLoadArray{child_ref_count}, 2 * n + 1, sums0, child_ref_offset);
-        kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
-                            child_event_offset);
+            });
+            kd_grid_scan_sums(KdLoadArray{s.new_count}, 6 * n + 1, sums2);
+            grid.sync();
+            kd_grid_scan_sums(KdLoadArray{child_ref_count}, 2 * n + 1, sums0);
+            kd_grid_scan_sums(KdLoadArray{child_event_count}, 6 * n + 1, sums1);
+            kd_grid_scan_finish(KdLoadArray{s.new_count}, 6 * n + 1, sums2, s.new_offset);
+            grid.sync();
+            kd_grid_scan_finish(KdLoadArray{child_ref_count}, 2 * n + 1, sums0,
+                                child_ref_offset);
+            kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
+                                child_event_offset);
+        }
         grid.sync();
         // The next level's sizes: every thread reads the same values and
         // takes the same branch.

@@ -234,12 +234,14 @@ struct KdRouteArgs {
     const bool* node_split;
     const long long* split_leaf_ex;
     long long num_nodes;
-    long long* child_ref_count;    // (2n + 1), zeroed
-    long long* child_event_count;  // (6n + 1), zeroed
+    long long* child_ref_count;    // (2n + 1), zeroed (kd_child_count only)
+    long long* child_event_count;  // (6n + 1), zeroed (kd_child_count only)
 };
 
 // Item t's child counts from the scan at the start of group h, scan_at(h);
-// returns the scan at its own start (-1 for a node that does not split).
+// returns the scan at its own start (-1 for a node that does not split). (The
+// level loop's perfect splits add their new events to these sizes and scan
+// them; elsewhere kd_child_offsets reads the offsets off the scans at once.)
 template <typename ScanAt>
 __device__ __forceinline__ long long kd_child_count(const KdRouteArgs& a, long long t,
                                                     ScanAt scan_at)
@@ -266,18 +268,68 @@ __device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t
     kd_child_count(a, t, [&](long long h) { return lr_ex[group_offset[h]]; });
 }
 
-// The sizes the host needs for the next level, gathered for one read:
-// [splitting nodes, child refs, child events, leaf refs].
-__device__ __forceinline__ void kd_write_totals(const long long* split_leaf_ex,
-                                                const long long* child_ref_offset,
-                                                const long long* child_event_offset,
-                                                long long num_nodes, long long* totals)
+// route_refs and route_events without the group sizes or their scans: item t
+// of 6n + 1 writes the children's offsets (child_ref_offset: 2n + 1,
+// child_event_offset: 6n + 1) from the flag scans at its group's ends
+// (event_scan_at(g): the events' scan at segment g's first event, g <= 3n).
+// A group of a node that does not split carries no flags (kd_classify: class
+// 0), so the scan at group g's start, s, counts exactly the copies that the
+// groups before g send to children, and those children come before g's
+// (kd_child_group): g's left child starts at LOW(s) + HIGH(s), its right one
+// at LOW(e) + HIGH(s) (e: the scan at g's end). The entries from the last
+// child's end on hold the total, as the inclusive scan of kd_child_count's
+// sizes left them: the same arrays, without the sizes' pass and their two
+// scans. (Not for the level loop's perfect splits, whose new events add to
+// the sizes.) Returns the scan at the start of segment t - n where it splits
+// (-1 elsewhere), for the stages' seg_start.
+template <typename EventScanAt>
+__device__ __forceinline__ long long kd_child_offsets(const KdRouteArgs& a, long long t,
+                                                      EventScanAt event_scan_at,
+                                                      long long* child_ref_offset,
+                                                      long long* child_event_offset)
 {
-    long long s = split_leaf_ex[num_nodes];
-    long long num_split = KD_LOW(s);
-    totals[0] = num_split;
-    totals[1] = child_ref_offset[2 * num_split];
-    totals[2] = child_event_offset[6 * num_split];
+    const long long n = a.num_nodes;
+    const long long num_split = KD_LOW(a.split_leaf_ex[n]);
+    long long start = -1;
+    if (t < 4 * n) {
+        const bool refs = t < n;
+        const long long g = refs ? t : t - n;
+        if (a.node_split[g % n]) {
+            const long long s = refs ? a.ref_lr_ex[a.node_ref_offset[g]] : event_scan_at(g);
+            const long long e =
+                refs ? a.ref_lr_ex[a.node_ref_offset[g + 1]] : event_scan_at(g + 1);
+            long long* offset = refs ? child_ref_offset : child_event_offset;
+            const long long c = kd_child_group(g, n, a.split_leaf_ex, num_split);
+            offset[c] = KD_LOW(s) + KD_HIGH(s);
+            offset[c + 1] = KD_LOW(e) + KD_HIGH(s);
+            if (!refs) start = s;
+        }
+    }
+    if (t <= 2 * (n - num_split)) {
+        const long long total = a.ref_lr_ex[a.node_ref_offset[n]];
+        child_ref_offset[2 * num_split + t] = KD_LOW(total) + KD_HIGH(total);
+    }
+    if (t <= 6 * (n - num_split)) {
+        const long long total = event_scan_at(3 * n);
+        child_event_offset[6 * num_split + t] = KD_LOW(total) + KD_HIGH(total);
+    }
+    return start;
+}
+
+// The sizes the host needs for the next level, gathered for one read:
+// [splitting nodes, child refs, child events, leaf refs] (the totals of the
+// flag scans, as kd_child_offsets leaves them at the children's end).
+template <typename EventScanAt>
+__device__ __forceinline__ void kd_level_totals_of(const KdRouteArgs& a,
+                                                   EventScanAt event_scan_at, long long* totals)
+{
+    const long long n = a.num_nodes;
+    const long long s = a.split_leaf_ex[n];
+    const long long refs = a.ref_lr_ex[a.node_ref_offset[n]];
+    const long long events = event_scan_at(3 * n);
+    totals[0] = KD_LOW(s);
+    totals[1] = KD_LOW(refs) + KD_HIGH(refs);
+    totals[2] = KD_LOW(events) + KD_HIGH(events);
     totals[3] = KD_HIGH(s);
 }
 

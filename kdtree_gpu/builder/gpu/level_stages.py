@@ -28,7 +28,7 @@ import numpy as np
 from ... import encoding as enc
 from ...kernels import get_function
 from ...launch import launch, stage
-from ...primitives import compact_indices, inclusive_scan_pair, radix_sort, tile_scan
+from ...primitives import compact_indices, radix_sort, tile_scan
 from ..soa import EventSoA, NodeSoA, RefSoA
 from .level_costs import NULL, compute_split_costs_gpu, or_null, select_best_splits_gpu
 from .level_costs import stage_kernel as _kernel
@@ -127,7 +127,7 @@ class TiledEventScan:
 
 
 def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, events, clip, small):
-    """Where every copy goes: the flag scans, the child group sizes and their scans.
+    """Where every copy goes: the flag scans and the children's offsets, read off them.
 
     The flags are derived from ``ref_class`` as the scans load them
     (``KdLoadRefLR``, ``KdLoadEventLR`` in ``cuda/build_stages.cuh``): the
@@ -149,18 +149,15 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
     r, e, event_ref, clip = i64(num_refs), i64(num_events), events.event_ref, np.int32(clip)
     totals = cp.empty(4, dtype=np.int64)
     ref_lr_ex = cp.empty(num_refs + 1, dtype=np.int64)
+    # (the children's offsets are read off the flag scans: kd_child_offsets)
+    child_offset = cp.empty(8 * n + 2, dtype=np.int64)
+    child_ref_offset, child_event_offset = child_offset[:2 * n + 1], child_offset[2 * n + 1:]
     if small:
         event_lr_ex = cp.empty(num_events + 1, dtype=np.int64)
-        child_count = cp.empty(8 * n + 2, dtype=np.int64)
-        child_offset = cp.empty(8 * n + 2, dtype=np.int64)
-        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-        child_ref_offset = child_offset[:2 * n + 1]
-        child_event_offset = child_offset[2 * n + 1:]
         launch("route", _kernel("kd_small_route"), enc.SCAN_BLOCK,
                (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, event_lr_ex,
-                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
-                ref_class, r, ref_lr_ex, event_ref, clip, e, event_lr_ex,
-                child_ref_offset, child_event_offset, totals))
+                node_split, split_leaf_ex, i64(n), child_ref_offset, child_event_offset,
+                ref_class, r, ref_lr_ex, event_ref, clip, e, event_lr_ex, totals))
         event_scan = event_lr_ex
     else:
         tile_scan(cp, num_refs + 1,
@@ -180,16 +177,10 @@ def route_to_children_gpu(cp, nodes, node_split, split_leaf_ex, ref_class, event
                            chunk_local, head_local)),
             None, "route: event scan")
         event_scan = TiledEventScan(tile_prefix, chunk_local, seg_start)
-        child_count = cp.zeros(8 * n + 2, dtype=np.int64)
-        child_ref_count, child_event_count = child_count[:2 * n + 1], child_count[2 * n + 1:]
-        launch("route: child counts", _kernel("kd_child_counts_heads"), 4 * n,
+        launch("route: child offsets", _kernel("kd_child_offsets_heads"), 6 * n + 1,
                (nodes.node_ref_offset, ref_lr_ex, nodes.seg_event_offset, NULL,
-                node_split, split_leaf_ex, i64(n), child_ref_count, child_event_count,
-                tile_prefix, head_local, seg_start))
-        child_ref_offset, child_event_offset = inclusive_scan_pair(
-            child_ref_count, child_event_count, "route: offset scans")
-        launch("read_level_counts", _kernel("kd_level_totals"), 1,
-               (split_leaf_ex, child_ref_offset, child_event_offset, i64(n), totals))
+                node_split, split_leaf_ex, i64(n), child_ref_offset, child_event_offset,
+                tile_prefix, head_local, seg_start, totals))
     return ref_lr_ex, event_scan, child_ref_offset, child_event_offset, totals
 
 
