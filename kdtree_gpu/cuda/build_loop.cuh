@@ -193,16 +193,6 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
     const double empty_bonus = cfg.empty_bonus;
     constexpr int clip = CLIP;
-    const float* pos = start_events.event_pos;
-    const signed char* kind = start_events.event_kind;
-    const int* ref = start_events.event_ref;
-    // (start_events.event_seg is not read: the loop derives segments, KdEventSegment)
-    const int* tri = start_refs.ref_tri;
-    const int* node = start_refs.ref_node;
-    const float* lo = start_nodes.node_lo;
-    const float* hi = start_nodes.node_hi;
-    const long long* node_ref_offset = start_nodes.node_ref_offset;
-    const long long* seg_event_offset = start_nodes.seg_event_offset;
     long long n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
     long long level = start.level, level_base = start.level_base;
     long long leaf_ref_base = start.leaf_ref_base;
@@ -220,6 +210,31 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     // each warp's queue of candidates in the cost pass (kd_split_cost_warp_range)
     __shared__ unsigned short cost_queue[KD_LOOP_BLOCK / 32][64];
     for (;;) {
+        // The level's arrays: the start level's, then slot cur of the
+        // buffers. Derived from cur at each level rather than carried from
+        // the last one, so that the compiler may compute them again where
+        // they are used instead of holding nine pointers through every phase
+        // (the kernel is at its 64 registers and spills).
+        const bool at_start = cur < 0;
+        const float* pos = at_start ? start_events.event_pos
+                                    : lvl_events.event_pos + cur * cap_events;
+        const signed char* kind = at_start ? start_events.event_kind
+                                           : lvl_events.event_kind + cur * cap_events;
+        const int* ref = at_start ? start_events.event_ref
+                                  : lvl_events.event_ref + cur * cap_events;
+        // (start_events.event_seg is not read: the loop derives segments, KdEventSegment)
+        const int* tri = at_start ? start_refs.ref_tri : lvl_refs.ref_tri + cur * cap_refs;
+        const int* node = at_start ? start_refs.ref_node : lvl_refs.ref_node + cur * cap_refs;
+        const float* lo = at_start ? start_nodes.node_lo
+                                   : lvl_nodes.node_lo + cur * 3 * cap_nodes;
+        const float* hi = at_start ? start_nodes.node_hi
+                                   : lvl_nodes.node_hi + cur * 3 * cap_nodes;
+        const long long* node_ref_offset =
+            at_start ? start_nodes.node_ref_offset
+                     : lvl_nodes.node_ref_offset + cur * ref_offset_cap;
+        const long long* seg_event_offset =
+            at_start ? start_nodes.seg_event_offset
+                     : lvl_nodes.seg_event_offset + cur * seg_offset_cap;
         const int nxt = (cur < 0 ? start_slot : cur) == 0 ? 1 : 0;
         long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
         long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
@@ -522,16 +537,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             return;
         }
         grid.sync();
-        cur = nxt;
-        pos = child_pos;
-        kind = child_kind;
-        ref = child_ref;
-        tri = child_tri;
-        node = child_node;
-        lo = child_lo;
-        hi = child_hi;
-        node_ref_offset = child_ref_offset;
-        seg_event_offset = child_event_offset;
+        cur = nxt;  // (the children's arrays: slot nxt)
         n = 2 * num_split;
         num_refs = num_child_refs;
         num_events = num_child_events;
