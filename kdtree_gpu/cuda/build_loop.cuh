@@ -193,9 +193,20 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
     const double k_traversal = cfg.k_traversal, k_intersect = cfg.k_intersect;
     const double empty_bonus = cfg.empty_bonus;
     constexpr int clip = CLIP;
-    long long n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
-    long long level = start.level, level_base = start.level_base;
-    long long leaf_ref_base = start.leaf_ref_base;
+    // The level's sizes and bases, in shared memory rather than in registers
+    // held through every phase (the kernel is at its 64 registers and
+    // spills): every thread reads them, and writes the same values, only
+    // where the grid is between two levels.
+    __shared__ long long level_state[6];
+    long long& n = level_state[0];
+    long long& num_refs = level_state[1];
+    long long& num_events = level_state[2];
+    long long& level = level_state[3];
+    long long& level_base = level_state[4];
+    long long& leaf_ref_base = level_state[5];
+    n = start.num_nodes, num_refs = start.num_refs, num_events = start.num_events;
+    level = start.level, level_base = start.level_base;
+    leaf_ref_base = start.leaf_ref_base;
     int cur = -1;  // the slot of the current level; the start level's arrays are apart
     // the slot the start level's events lie in (the root's are decoded into
     // the buffers), which its children must not overwrite; -1: none
@@ -527,19 +538,23 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             status[KD_LOOP_SLOTS + 3 * level + 1] = num_refs;
             status[KD_LOOP_SLOTS + 3 * level + 2] = num_events;
         }
-        level_base += n;
-        leaf_ref_base += num_leaf_refs;
-        ++level;
+        const long long next_level = level + 1, next_level_base = level_base + n;
+        const long long next_leaf_ref_base = leaf_ref_base + num_leaf_refs;
         if (num_split == 0) {
             if (leader)
-                kd_write_loop_status(status, KD_LOOP_DONE, level, 0, 0, 0, level_base,
-                                     leaf_ref_base, nxt);
+                kd_write_loop_status(status, KD_LOOP_DONE, next_level, 0, 0, 0,
+                                     next_level_base, next_leaf_ref_base, nxt);
             return;
         }
         grid.sync();
+        // (every thread writes the same values: none reads the state between
+        // the barrier and its own writes)
         cur = nxt;  // (the children's arrays: slot nxt)
         n = 2 * num_split;
         num_refs = num_child_refs;
         num_events = num_child_events;
+        level = next_level;
+        level_base = next_level_base;
+        leaf_ref_base = next_leaf_ref_base;
     }
 }
