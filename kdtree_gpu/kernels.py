@@ -36,7 +36,7 @@ First use on a machine
 ----------------------
 CuPy compiles a module with NVRTC when its first kernel is asked for (a first
 build compiles six or seven modules one after another: 10-17 s on an H200
-machine, benchmarks/results/build_h200.md) and keeps the binary in its on-disk
+machine, benchmarks/results/build_h200_d7878b2.md) and keeps the binary in its on-disk
 kernel cache (``CUPY_CACHE_DIR``, default ``~/.cupy/kernel_cache``), so
 later processes load it in milliseconds. Before the first compilation of a
 module this machine has not compiled before, :data:`GPU_COMPILE_MESSAGE` is
