@@ -223,9 +223,10 @@ __device__ __forceinline__ long long kd_child_group(long long g, long long num_n
     return axis * 2 * num_split + 2 * rank;
 }
 
-// Stage route_refs / route_events: sizes of the child groups, written after
-// a leading 0 so that a scan gives the child offsets. Item t < n is node t's
-// references (into child_ref_count); item t >= n is segment t - n's events.
+// Stage route_refs / route_events: where the child groups start, from the
+// flag scans (kd_child_offsets), or, with the level loop's perfect splits,
+// the groups' sizes for a scan (kd_child_count). Item t < n is node t's
+// references; item t >= n is segment t - n's events.
 struct KdRouteArgs {
     const long long* node_ref_offset;
     KdPackedScan ref_lr_ex;
@@ -238,34 +239,23 @@ struct KdRouteArgs {
     long long* child_event_count;  // (6n + 1), zeroed (kd_child_count only)
 };
 
-// Item t's child counts from the scan at the start of group h, scan_at(h);
-// returns the scan at its own start (-1 for a node that does not split). (The
-// level loop's perfect splits add their new events to these sizes and scan
-// them; elsewhere kd_child_offsets reads the offsets off the scans at once.)
-template <typename ScanAt>
-__device__ __forceinline__ long long kd_child_count(const KdRouteArgs& a, long long t,
-                                                    ScanAt scan_at)
-{
-    bool refs = t < a.num_nodes;
-    long long g = refs ? t : t - a.num_nodes;
-    long long* child_count = refs ? a.child_ref_count : a.child_event_count;
-    long long node = g % a.num_nodes;
-    if (!a.node_split[node]) return -1;
-    long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
-    long long c = kd_child_group(g, a.num_nodes, a.split_leaf_ex, num_split);
-    long long start = scan_at(g), end = scan_at(g + 1);
-    child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
-    child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
-    return start;
-}
-
-// ... with the stored scans of both kinds
+// Item t's child group sizes, after a leading 0 so that a scan gives the
+// offsets, from the flag scans at its group's ends: the level loop's perfect
+// splits add their new events to these sizes and scan them (elsewhere
+// kd_child_offsets reads the offsets off the scans at once).
 __device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t)
 {
     bool refs = t < a.num_nodes;
     const long long* group_offset = refs ? a.node_ref_offset : a.seg_event_offset;
     const KdPackedScan& lr_ex = refs ? a.ref_lr_ex : a.event_lr_ex;
-    kd_child_count(a, t, [&](long long h) { return lr_ex[group_offset[h]]; });
+    long long g = refs ? t : t - a.num_nodes;
+    long long* child_count = refs ? a.child_ref_count : a.child_event_count;
+    if (!a.node_split[g % a.num_nodes]) return;
+    long long num_split = KD_LOW(a.split_leaf_ex[a.num_nodes]);
+    long long c = kd_child_group(g, a.num_nodes, a.split_leaf_ex, num_split);
+    long long start = lr_ex[group_offset[g]], end = lr_ex[group_offset[g + 1]];
+    child_count[c + 1] = KD_LOW(end) - KD_LOW(start);
+    child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
 }
 
 // route_refs and route_events without the group sizes or their scans: item t

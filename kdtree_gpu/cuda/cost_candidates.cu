@@ -114,7 +114,7 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
 // Eight blocks a multiprocessor (32 registers, some spilled) rather than six
 // (40): on an H200 this pass 5.27-5.29 -> 4.94-4.95 ms of the 5.5M-triangle
 // build, 22.35-22.38 -> 20.95-20.96 at 22M (the arg-min pass after it reads the
-// partial rows 0.05-0.09 ms slower).
+// partial rows 0.05-0.09 ms slower; benchmarks/results/staged_cost_occupancy_h200.md).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK, 8)
 kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
                           const unsigned int* __restrict__ open_close_local,
