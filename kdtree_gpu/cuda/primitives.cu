@@ -108,16 +108,11 @@ kd_scan_tiles(const long long* in, long long n,
 
 // Small arrays: one block scans a whole array, one launch instead of three
 // (the builder's small levels are bound by launch overhead, not by the scan).
-// Two arrays may share the launch: block 0 scans (in0, out0), block 1 (in1, out1);
-// an output may be its input (kd_block_scan_range reads a tile before writing it).
+// The output may be the input (kd_block_scan_range reads a tile before writing it).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
-kd_scan_small_pair(const long long* in0, long long n0, long long* out0,
-                   const long long* in1, long long n1, long long* out1)
+kd_scan_small(const long long* in, long long n, long long* out)
 {
-    if (blockIdx.x == 0)
-        kd_block_scan(KdLoadArray{in0}, n0, out0);
-    else
-        kd_block_scan(KdLoadArray{in1}, n1, out1);
+    kd_block_scan(KdLoadArray{in}, n, out);
 }
 
 // --- segmented lower bound ------------------------------------------------------

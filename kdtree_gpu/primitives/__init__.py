@@ -29,14 +29,14 @@ count that sizes their output). Everything else is launched asynchronously.
 """
 
 from .keys import float_to_ordered_uint, ordered_uint_to_float
-from .scan import (exclusive_scan, inclusive_scan, inclusive_scan_in_place, inclusive_scan_pair,
+from .scan import (exclusive_scan, inclusive_scan, inclusive_scan_in_place,
                    segmented_scan, tile_scan)
 from .segmented import REDUCE_OPS, segment_ids, segmented_argmin, segmented_reduce
 from .sort import (compact, compact_indices, lower_bound, radix_sort, segmented_lower_bound,
                    upper_bound)
 
 __all__ = ["REDUCE_OPS", "compact", "compact_indices", "exclusive_scan", "float_to_ordered_uint",
-           "inclusive_scan", "inclusive_scan_in_place", "inclusive_scan_pair", "lower_bound",
+           "inclusive_scan", "inclusive_scan_in_place", "lower_bound",
            "ordered_uint_to_float", "radix_sort", "segment_ids", "segmented_argmin",
            "segmented_lower_bound", "segmented_reduce", "segmented_scan", "tile_scan",
            "upper_bound"]

@@ -2,8 +2,7 @@
 
 On CuPy, integer scans run the package's own int64 scan
 (``cuda/primitives.cu``: three launches, or one block for arrays of up to
-``encoding.SCAN_SMALL`` values, and two small arrays in one launch with
-:func:`inclusive_scan_pair`); CuPy's ``cumsum`` gives the same numbers with
+``encoding.SCAN_SMALL`` values); CuPy's ``cumsum`` gives the same numbers with
 more host work per call, which dominates the builder's small levels. In-place
 scans of ``CUB_MIN_ITEMS`` or more take CUB's single pass instead (one read and
 one write per item; H100, 1M-63M items: 1.8-2.8x the three launches). Other
@@ -208,30 +207,6 @@ def segmented_scan(values, *, offsets=None, head_flags=None, exclusive=False, dt
 
 
 
-def inclusive_scan_pair(first, second, description: str = "inclusive scan pair"):
-    """Two inclusive int64 scans; on CuPy one launch when both arrays are small.
-
-    Parameters
-    ----------
-    first, second : (n0,), (n1,) int64
-    description : str
-        Name of the launch(es) in the profile.
-
-    Returns
-    -------
-    (n0,), (n1,) int64
-    """
-    xp = get_xp(first, second)
-    n0, n1 = int(first.shape[0]), int(second.shape[0])
-    if xp is np or n0 > enc.SCAN_SMALL or n1 > enc.SCAN_SMALL:
-        return (_scan_named(first, description + " (1)"), _scan_named(second, description + " (2)"))
-    out0 = xp.empty(n0, dtype=np.int64)
-    out1 = xp.empty(n1, dtype=np.int64)
-    launch(description, _scan_kernel("kd_scan_small_pair"), 2 * enc.SCAN_BLOCK,
-           (first, np.int64(n0), out0, second, np.int64(n1), out1), block=enc.SCAN_BLOCK)
-    return out0, out1
-
-
 # in-place scans of at least this many items go through CUB (_scan_int64_cuda;
 # benchmarks/probe_scan_cub.py, H100: 0.108 against 0.299 ms at 1M items)
 CUB_MIN_ITEMS = 1 << 20
@@ -257,8 +232,8 @@ def _scan_int64_cuda(values, out, description):
         return out
     i64 = np.int64
     if n <= enc.SCAN_SMALL:
-        launch(description, _scan_kernel("kd_scan_small_pair"), enc.SCAN_BLOCK,
-               (values, i64(n), out, values, i64(0), out), block=enc.SCAN_BLOCK)
+        launch(description, _scan_kernel("kd_scan_small"), enc.SCAN_BLOCK, (values, i64(n), out),
+               block=enc.SCAN_BLOCK)
         return out
     import cupy
 

@@ -10,7 +10,7 @@ import pytest
 import cpu_reference
 from cpu_reference import naive
 import kdtree_gpu as kd
-from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_in_place, inclusive_scan_pair
+from kdtree_gpu.primitives import inclusive_scan, inclusive_scan_in_place
 from kdtree_gpu import SAHConfig
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import level_loop
@@ -609,7 +609,3 @@ def test_gpu_scans_equal_numpy_cumsum(n):
     # in place (the leaf packing's offsets): the same numbers over the input
     x = cupy.asarray(values)
     assert inclusive_scan_in_place(x) is x and np.array_equal(x.get(), expected)
-    other = rng.integers(0, 1000, max(1, n // 3)).astype(np.int64)
-    first, second = inclusive_scan_pair(cupy.asarray(values), cupy.asarray(other))
-    assert np.array_equal(first.get(), expected)
-    assert np.array_equal(second.get(), np.cumsum(other))
