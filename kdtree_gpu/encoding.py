@@ -194,14 +194,11 @@ CLIP_POS_SHIFT = 32
 CLIP_KIND_SHIFT = 30
 
 # --- float64 bit patterns of split costs --------------------------------------
-# Costs are >= 0 or +inf, so their IEEE bits order like the values and an
-# integer atomicMin on the bits is an exact float64 minimum.
+# Costs are >= 0 or +inf, so their IEEE bits order like the values: a
+# segment's (cost bits, event index) pair compared as one 128-bit number is
+# rule R8's order (KdSegArgmin in cuda/split_costs.cuh).
 INF_BITS = 0x7FF0000000000000
 NO_INDEX = 0xFFFFFFFFFFFFFFFF
-# The cost pass's partial arg-mins (kd_split_cost_warp): each warp of 32 events
-# leaves ARGMIN_ROWS_PER_WARP rows of ARGMIN_ROW uint64 (segment, minimum, index).
-ARGMIN_ROW = 3
-ARGMIN_ROWS_PER_WARP = 2
 
 # --- launch shapes shared by a driver and its kernels ---------------------------
 SCAN_BLOCK = 256  # threads of the block scans and of the three-launch scan

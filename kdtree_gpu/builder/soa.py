@@ -144,10 +144,10 @@ class LevelScratch(SoA):
     # kernel's block sums), as is ref_lr_ex.
     event_scan: object = soa_field(np.uint32)
     # (the events' sides have no rows here: the level loop keeps them in the
-    # next level's slot of the events, and its cost pass's partial arg-min
-    # rows too; it stores no cost: kd_split_cost_warp in split_costs.cuh)
-    seg_min_cost: object = soa_field(np.uint64)  # (3N) cost bits
-    seg_best: object = soa_field(np.uint64)  # (3N) event index
+    # next level's slot of the events; it stores no cost)
+    # (6N) each segment's minimum cost bits and lowest event index at it, one
+    # 16-byte pair a segment (KdSegArgmin in cuda/split_costs.cuh)
+    seg_argmin: object = soa_field(np.uint64)
     best_cost: object = soa_field(np.float64)  # (N)
     best_axis: object = soa_field(np.int8)  # (N)
     best_pos: object = soa_field(np.float32)  # (N)
@@ -178,7 +178,7 @@ class LevelScratch(SoA):
         nodes, and (perfect splits: ``cap_new`` > 0) new events."""
         e, r, n = cap_events, cap_refs, cap_nodes
         c = 1 if cap_new else 0  # the clipping rows
-        return {"event_scan": e + 1, "seg_min_cost": 3 * n, "seg_best": 3 * n,
+        return {"event_scan": e + 1, "seg_argmin": 6 * n,
                 "best_cost": n, "best_axis": n, "best_pos": n,
                 "best_side": n, "node_split": n, "split_leaf": n + 1, "split_leaf_ex": n + 1,
                 "ref_class": r, "ref_lr_ex": r + 1, "child_count": c * (8 * n + 2),

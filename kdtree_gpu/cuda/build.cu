@@ -10,24 +10,20 @@
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK)
 kd_small_event_scan(const signed char* __restrict__ event_kind, long long num_events,
                     long long num_segments, long long* __restrict__ open_close_ex,
-                    unsigned long long* __restrict__ seg_min_cost,
-                    unsigned long long* __restrict__ seg_best)
+                    unsigned long long* __restrict__ seg_argmin)
 {
-    for (long long i = threadIdx.x; i < num_segments; i += blockDim.x) {
-        seg_min_cost[i] = KD_INF_BITS;
-        seg_best[i] = KD_NO_INDEX;
-    }
+    for (long long i = threadIdx.x; i < num_segments; i += blockDim.x)
+        kd_seg_argmin_reset(seg_argmin, i);
     kd_block_scan(KdLoadOpenClose{event_kind}, num_events + 1, open_close_ex);
 }
 
 // Stage compute_split_costs, part 2, of small levels (the large levels' runs
 // over their candidates only: cost_candidates.cu), with select_best_splits'
-// arg-min: each event's cost and side, each segment's minimum cost into
-// seg_min_cost and its lowest event index at that minimum into seg_best
-// (kd_split_cost_warp: a warp's 32 events at a time; segments reaching past
-// them leave partial rows, KD_ARGMIN_ROWS_PER_WARP a warp, for
-// kd_argmin_partials). event_seg null (levels the loop hands over): segments
-// from the references' nodes. The tests get each cost's halves in
+// arg-min: each event's cost and side, each segment's minimum cost and its
+// lowest event index at that minimum into seg_argmin (kd_split_cost_warp: a
+// warp's 32 events at a time; the parts of segments reaching past them meet
+// by atomics, kd_seg_argmin_lower). event_seg null (levels the loop hands
+// over): segments from the references' nodes. The tests get each cost's halves in
 // event_cost_hi/_lo where not null. The open/close scan: open_close_ex, whole.
 // Six blocks a multiprocessor: the pass waits mostly on dependent loads (event
 // -> its segment, or its reference -> node; then the scan), so more warps hide
@@ -37,34 +33,21 @@ kd_split_costs(KD_COST_HEAD_PARAMS, const long long* __restrict__ open_close_ex,
                KD_COST_TAIL_PARAMS)
 {
     const KdCostArgs a = KD_COST_ARGS(KdPackedScan(open_close_ex));
-    kd_split_cost_warp(a, kd_tid() & ~31ll, partial,
+    kd_split_cost_warp(a, kd_tid() & ~31ll,
                        [&](long long e) { return a.event_seg.derived_node_of(e); });
-}
-
-// The arg-min of the segments that reach past a warp's events in kd_split_costs: its
-// partial rows (KD_ARGMIN_ROW words each: segment, minimum, index), once seg_min_cost
-// is final.
-extern "C" __global__ void kd_argmin_partials(const unsigned long long* __restrict__ partial,
-                                              long long num_rows,
-                                              const unsigned long long* __restrict__ seg_min_cost,
-                                              unsigned long long* seg_best)
-{
-    const long long i = kd_tid();
-    if (i < num_rows) kd_argmin_partial(partial + KD_ARGMIN_ROW * i, seg_min_cost, seg_best);
 }
 
 // Kernel parameters as flat arguments (CuPy passes arrays and scalars only),
 // gathered into the struct inside the kernel.
 #define KD_SELECT_PARAMS                                                                  \
-    const unsigned long long *seg_best, const float *event_pos,                           \
+    const unsigned long long *seg_argmin, const float *event_pos,                         \
         const signed char *event_side, const long long *node_ref_offset, long long num_nodes, \
         long long leaf_size, int level_active, double k_intersect, double *best_cost,        \
         signed char *best_axis, float *best_pos, signed char *best_side, bool *node_split,   \
-        long long *split_leaf, const unsigned long long *seg_min_cost, long long small_refs
+        long long *split_leaf, long long small_refs
 #define KD_SELECT_ARGS                                                                    \
-    {seg_best,   event_pos,  event_side, node_ref_offset, num_nodes, leaf_size,  level_active, \
-     k_intersect, best_cost, best_axis,  best_pos,        best_side, node_split, split_leaf,   \
-     seg_min_cost}
+    {seg_argmin, event_pos,  event_side, node_ref_offset, num_nodes, leaf_size,  level_active, \
+     k_intersect, best_cost, best_axis,  best_pos,        best_side, node_split, split_leaf}
 
 extern "C" __global__ void kd_select_splits(KD_SELECT_PARAMS)
 {

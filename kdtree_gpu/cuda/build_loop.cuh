@@ -260,10 +260,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             status[KD_LOOP_CLIP_SEGMENT] = 0;
         }
         kd_grid_for(3 * n, [&](long long i) {
-            if (i < 3 * n) {
-                s.seg_min_cost[i] = KD_INF_BITS;
-                s.seg_best[i] = KD_NO_INDEX;
-            }
+            if (i < 3 * n) kd_seg_argmin_reset(s.seg_argmin, i);
         });
         KdLoadOpenClose open_close = {kind};
         kd_grid_scan_sums(open_close, num_events + 1, sums0);
@@ -273,19 +270,14 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                                                               s.event_scan, event_base);
         grid.sync();
         // The sides live in the next level's slot of event_kind until its
-        // scatter, the cost pass's partial arg-min rows (2 a warp of 24 bytes:
-        // 1.5 bytes an event) in its slot of event_ref (4 bytes an event of
-        // cap_events >= num_events) until the arg-min is complete; no cost is stored.
+        // scatter; no cost is stored.
         signed char* event_side = lvl_events.event_kind + nxt * cap_events;
-        unsigned long long* partial_rows = (unsigned long long*)(
-            ((size_t)(lvl_events.event_ref + nxt * cap_events) + 7) & ~(size_t)7);
-        const long long num_rows = KD_ARGMIN_ROWS_PER_WARP * ((num_events + 31) / 32);
         // segments derived, not stored (the buffers hold no event_seg rows)
         const KdEventSegment seg = {nullptr, ref, node, seg_event_offset, n};
         KdCostArgs cost = {pos, seg, event_scan, seg_event_offset, node_ref_offset, lo, hi,
                            n, num_events, leaf_size, level_active, longest_only, k_traversal,
                            k_intersect, empty_bonus, {nullptr, nullptr}, event_side,
-                           s.seg_min_cost, s.seg_best};
+                           s.seg_argmin};
         // Each warp a range of consecutive chunks of 32 events, its candidates
         // costed 32 at a time (kd_split_cost_warp_range); with perfect splits
         // also each reference's box in its node (R2)
@@ -299,23 +291,18 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             for (long long c0 = warp * per; c0 < num_chunks; c0 += warps * per) {
                 const long long c1 = c0 + per < num_chunks ? c0 + per : num_chunks;
                 kd_split_cost_warp_range(
-                    cost, c0, c1, partial_rows, cost_queue[threadIdx.x >> 5], [&](long long e) {
+                    cost, c0, c1, cost_queue[threadIdx.x >> 5], [&](long long e) {
                         if (clip)
                             kd_reference_box_event(pos, kind, ref, seg, e, s.ref_lo, s.ref_hi);
                     });
             }
         }
         grid.sync();
-        // select_best_splits and decide_leaves (R4, R8): first the arg-min of
-        // the segments that reach past a warp's events
-        kd_grid_for(num_rows, [&](long long i) {
-            if (i < num_rows)
-                kd_argmin_partial(partial_rows + KD_ARGMIN_ROW * i, s.seg_min_cost, s.seg_best);
-        });
-        grid.sync();
-        KdSelectArgs select = {s.seg_best, pos, event_side, node_ref_offset, n, leaf_size,
+        // select_best_splits and decide_leaves (R4, R8): the segments' arg-mins
+        // are final with the cost pass (kd_seg_argmin_lower)
+        KdSelectArgs select = {s.seg_argmin, pos, event_side, node_ref_offset, n, leaf_size,
                                level_active, k_intersect, s.best_cost, s.best_axis, s.best_pos,
-                               s.best_side, s.node_split, s.split_leaf, s.seg_min_cost};
+                               s.best_side, s.node_split, s.split_leaf};
         kd_grid_for(n, [&](long long i) {
             if (i >= n) return;
             kd_select_node(select, i);

@@ -22,7 +22,8 @@
 // axes' best planes (ties keep the lower axis), and whether to split (R4, R8).
 // Writes the packed (split, leaf triangle count) scan input after a leading 0.
 struct KdSelectArgs {
-    const unsigned long long* seg_best;
+    // each segment's (minimum cost bits, lowest event index at it): KdSegArgmin
+    const unsigned long long* seg_argmin;
     const float* event_pos;
     const signed char* event_side;
     const long long* node_ref_offset;
@@ -36,8 +37,6 @@ struct KdSelectArgs {
     signed char* best_side;
     bool* node_split;
     long long* split_leaf;  // (n + 1)
-    // the best event's cost is its segment's minimum, whose bits these are
-    const unsigned long long* seg_min_cost;
 };
 
 __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long i)
@@ -46,9 +45,12 @@ __device__ __forceinline__ void kd_select_node(const KdSelectArgs& a, long long 
     int axis = 0;
     long long ev = -1;
     for (int k = 0; k < 3; ++k) {
-        unsigned long long best = a.seg_best[k * a.num_nodes + i];
+        const KdSegArgmin seg =
+            reinterpret_cast<const KdSegArgmin*>(a.seg_argmin)[k * a.num_nodes + i];
+        const unsigned long long best = seg.index;
         if (best != KD_NO_INDEX) {
-            double c = __longlong_as_double((long long)a.seg_min_cost[k * a.num_nodes + i]);
+            // (the best event's cost is its segment's minimum)
+            const double c = __longlong_as_double((long long)seg.cost);
             if (c < cost) {
                 cost = c;
                 axis = k;

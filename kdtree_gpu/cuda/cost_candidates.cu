@@ -28,8 +28,7 @@ extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_
                                              long long num_nodes, long long leaf_size,
                                              int level_active, int longest_only,
                                              float2* __restrict__ seg_range,
-                                             unsigned long long* __restrict__ seg_min_cost,
-                                             unsigned long long* __restrict__ seg_best)
+                                             unsigned long long* __restrict__ seg_argmin)
 {
     const long long s = kd_tid();
     if (s >= 3 * num_nodes) return;
@@ -41,8 +40,7 @@ extern "C" __global__ void kd_segment_ranges(const long long* __restrict__ node_
     const float inf = __int_as_float(0x7f800000);
     seg_range[s] = open ? make_float2(node_lo[3 * node + axis], node_hi[3 * node + axis])
                         : make_float2(inf, -inf);
-    seg_min_cost[s] = KD_INF_BITS;
-    seg_best[s] = KD_NO_INDEX;
+    kd_seg_argmin_reset(seg_argmin, s);
 }
 
 // Pass 1, one block a tile of KD_SCAN_TILE items: with
@@ -107,14 +105,11 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
 // Pass 2, a block of KD_SCAN_BLOCK threads a tile of KD_SCAN_TILE events: the
 // tile's candidates listed from pass 1's masks (their offsets in the tile, in
 // shared memory), then a lane a candidate: each candidate's cost and side, and
-// each segment's minimum and arg-min as kd_split_costs leaves them. The tile's
-// q-th 32 candidates have the partial rows of its q-th chunk of 32 events (a
-// tile has no more candidates than events); chunks past its candidates leave
-// theirs empty. The open/close scan is pass 1's, chunked by tiles.
+// each segment's minimum and arg-min as kd_split_costs leaves them. The open/close
+// scan is pass 1's, chunked by tiles.
 // Eight blocks a multiprocessor (32 registers, some spilled) rather than six
 // (40): on an H200 this pass 5.27-5.29 -> 4.94-4.95 ms of the 5.5M-triangle
-// build, 22.35-22.38 -> 20.95-20.96 at 22M (the arg-min pass after it reads the
-// partial rows 0.05-0.09 ms slower; benchmarks/results/staged_cost_occupancy_h200.md).
+// build, 22.35-22.38 -> 20.95-20.96 at 22M (benchmarks/results/staged_cost_occupancy_h200.md).
 extern "C" __global__ void __launch_bounds__(KD_SCAN_BLOCK, 8)
 kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
                           const unsigned int* __restrict__ open_close_local,
@@ -152,13 +147,8 @@ kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
     }
     __syncthreads();
     const int count = s_before[CHUNKS];
-    for (int q = threadIdx.x >> 5; q < tile_chunks; q += KD_SCAN_BLOCK / 32) {
-        unsigned long long* rows = kd_argmin_rows(partial, k0 + q);
-        if (32 * q >= count) {  // (warp-uniform)
-            kd_argmin_rows_empty(rows, lane);
-            continue;
-        }
+    for (int q = threadIdx.x >> 5; 32 * q < count; q += KD_SCAN_BLOCK / 32) {  // (warp-uniform)
         const int left = count - 32 * q;
-        kd_candidate_lane(a, e0, s_cand + 32 * q, left < 32 ? left : 32, rows);
+        kd_candidate_lane(a, e0, s_cand + 32 * q, left < 32 ? left : 32);
     }
 }

@@ -157,9 +157,9 @@ struct KdCostArgs {
     double k_traversal, k_intersect, empty_bonus;
     KdEventCosts event_cost;   // hi null: not stored
     signed char* event_side;   // null: not stored
-    unsigned long long* seg_min_cost;
-    // kd_split_cost_warp only: each segment's lowest event index at its minimum
-    unsigned long long* seg_best;
+    // each segment's minimum cost bits and its lowest event index at that
+    // minimum, one 16-byte pair a segment (KdSegArgmin)
+    unsigned long long* seg_argmin;
 };
 
 // The parameters of the cost passes (kd_split_costs, kd_split_costs_candidates)
@@ -175,13 +175,12 @@ struct KdCostArgs {
         long long leaf_size, int level_active, int longest_only, double k_traversal,         \
         double k_intersect, double empty_bonus, unsigned int *__restrict__ event_cost_hi,    \
         unsigned int *__restrict__ event_cost_lo, signed char *__restrict__ event_side,      \
-        unsigned long long *seg_min_cost, unsigned long long *seg_best,                      \
-        unsigned long long *__restrict__ partial
+        unsigned long long *seg_argmin
 #define KD_COST_ARGS(SCAN)                                                                   \
     {event_pos, {event_seg, event_ref, ref_node, seg_event_offset, num_nodes}, SCAN,         \
      seg_event_offset, node_ref_offset, node_lo, node_hi, num_nodes, num_events, leaf_size,  \
      level_active, longest_only, k_traversal, k_intersect, empty_bonus,                      \
-     {event_cost_hi, event_cost_lo}, event_side, seg_min_cost, seg_best}
+     {event_cost_hi, event_cost_lo}, event_side, seg_argmin}
 
 // What event e's candidate test and plane cost read of its node and segment
 // (e live and in segment seg = axis * num_nodes + node).
@@ -284,24 +283,64 @@ __device__ __forceinline__ double kd_event_plane_cost(const KdCostArgs& a, long 
     return cost;
 }
 
+// A segment's arg-min (rule R8): its minimum cost's bits, then its lowest
+// event index at that minimum, as one 16-byte word. Costs are non-negative
+// (or +inf), so their bits order as the costs do, and the pair compared as one
+// 128-bit number (cost high, index low) orders by cost, then index: the
+// smaller pair is R8's choice. A segment without a candidate keeps
+// (KD_INF_BITS, KD_NO_INDEX).
+struct __align__(16) KdSegArgmin {
+    unsigned long long cost;
+    unsigned long long index;
+};
+
+__device__ __forceinline__ void kd_seg_argmin_reset(unsigned long long* seg_argmin, long long s)
+{
+    reinterpret_cast<KdSegArgmin*>(seg_argmin)[s] = KdSegArgmin{KD_INF_BITS, KD_NO_INDEX};
+}
+
+// Lowers segment s's pair to (cost, index) where that is smaller, atomically
+// (a 16-byte compare-and-swap: sm_90): the parts of a segment that several
+// warps cost meet here, and the pair is final when the pass is, with no
+// second pass over partial results. A pair only decreases, so a cost above
+// the one read (even a read torn between two writes: its cost half was the
+// pair's once) can never win, and the loop ends at the first swap that holds
+// or at a value no larger than (cost, index), confirmed by a swap that writes
+// what is there.
+__device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argmin, long long s,
+                                                    unsigned long long cost,
+                                                    unsigned long long index)
+{
+    KdSegArgmin* at = reinterpret_cast<KdSegArgmin*>(seg_argmin) + s;
+    KdSegArgmin seen = {((volatile KdSegArgmin*)at)->cost, ((volatile KdSegArgmin*)at)->index};
+    if (cost > seen.cost) return;
+    unsigned __int128* word = reinterpret_cast<unsigned __int128*>(at);
+    const unsigned __int128 want = ((unsigned __int128)cost << 64) | index;
+    unsigned __int128 old = ((unsigned __int128)seen.cost << 64) | seen.index;
+    for (;;) {
+        const unsigned __int128 put = want < old ? want : old;
+        const unsigned __int128 was = atomicCAS(word, old, put);
+        if (was == old) return;  // (put is there: want, or what was there already)
+        old = was;
+    }
+}
+
 // The arg-min half of a cost pass (rule R8), for a warp whose live lanes (the
 // first num_live) hold items in ascending event order, sorted by segment: seg,
 // and the cost bits where candidate. first: lane 0's event; end: one past the
 // last live lane's event; event_of(src): lane src's event (every lane calls
 // it). Shuffles give each run of equal segments its minimum, and a ballot its
 // lowest lane at that minimum. A segment wholly inside the warp is done here:
-// its minimum and arg-min are stored (seg_min_cost and seg_best start at no
-// candidate: a segment without candidates keeps that). Only the warp's first
-// and last runs can be parts of larger segments (their segment's events reach
-// past first or end): such a part's minimum goes to seg_min_cost by atomicMin,
-// and (segment, minimum, index) to the warp's two partial rows (the first
-// run's, then the last one's; segment KD_NO_INDEX where none), which
-// kd_argmin_partial keeps where the minimum is the segment's.
+// its pair is stored (the pairs start at no candidate: a segment without
+// candidates keeps that). Only the warp's first and last runs can be parts of
+// larger segments (their segment's events reach past first or end): such a
+// part's (minimum, index) lowers its segment's pair atomically
+// (kd_seg_argmin_lower).
 template <typename EventOf>
 __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, bool live,
                                                bool candidate, unsigned long long bits,
                                                long long first, long long end, int num_live,
-                                               EventOf event_of, unsigned long long* rows)
+                                               EventOf event_of)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
@@ -324,36 +363,11 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
     const bool on_after = mine && !from_before && next >= num_live
                           && a.seg_event_offset[seg + 1] > end;
     if (mine && !from_before && !on_after) {
-        a.seg_min_cost[seg] = m == KD_NO_INDEX ? KD_INF_BITS : m;
-        a.seg_best[seg] = best;
+        reinterpret_cast<KdSegArgmin*>(a.seg_argmin)[seg] =
+            KdSegArgmin{m == KD_NO_INDEX ? KD_INF_BITS : m, best};
     }
-    const bool part = (from_before || on_after) && m != KD_NO_INDEX;
-    if (part && m < a.seg_min_cost[seg]) atomicMin(a.seg_min_cost + seg, m);
-    const unsigned last_part = __ballot_sync(full, part && on_after);
-    if (part) {
-        unsigned long long* row = rows + KD_ARGMIN_ROW * (on_after ? 1 : 0);
-        row[0] = (unsigned long long)seg;
-        row[1] = m;
-        row[2] = best;
-    }
-    // (lane 0's run may be the last one's part: then row 2w holds none)
-    if (lane == 0 && !(part && from_before)) rows[0] = KD_NO_INDEX;
-    if (lane == 1 && !last_part) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
-}
-
-// The partial arg-min rows of chunk `chunk` of 32 events (KD_ARGMIN_ROWS_PER_WARP
-// rows of KD_ARGMIN_ROW words: its first run's part and its last one's).
-__device__ __forceinline__ unsigned long long* kd_argmin_rows(unsigned long long* partial,
-                                                              long long chunk)
-{
-    return partial + KD_ARGMIN_ROW * KD_ARGMIN_ROWS_PER_WARP * chunk;
-}
-
-// A chunk whose warp costed no candidate: both its rows empty (lanes 0 and 1).
-__device__ __forceinline__ void kd_argmin_rows_empty(unsigned long long* rows, int lane)
-{
-    if (lane == 0) rows[0] = KD_NO_INDEX;
-    if (lane == 1) rows[KD_ARGMIN_ROW] = KD_NO_INDEX;
+    if ((from_before || on_after) && m != KD_NO_INDEX)
+        kd_seg_argmin_lower(a.seg_argmin, seg, m, best);
 }
 
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
@@ -371,11 +385,10 @@ __device__ __forceinline__ void kd_argmin_rows_empty(unsigned long long* rows, i
 // own. (The level loop runs kd_split_cost_warp_range, below.)
 template <typename NodeOf>
 __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long long w0,
-                                                   unsigned long long* partial_rows,
                                                    NodeOf node_of)
 {
     const int lane = threadIdx.x & 31;
-    if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform, and no rows)
+    if (w0 >= a.num_events) return;  // (the launch's last block: warp-uniform)
     const long long e = w0 + lane;
     const bool live = e < a.num_events;
     int node = 0, axis = 0;
@@ -390,17 +403,14 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     const unsigned long long bits = (unsigned long long)__double_as_longlong(cost);
     const bool candidate = live && bits != KD_INF_BITS;
     const long long end = w0 + 32 < a.num_events ? w0 + 32 : a.num_events;
-    // rows 2w (the first run's part) and 2w + 1 (the last one's), w = w0 / 32
     kd_warp_argmin(a, seg, live, candidate, bits, w0, end, (int)(end - w0),
-                   [&](int src) { return (unsigned long long)(w0 + src); },
-                   kd_argmin_rows(partial_rows, w0 >> 5));
+                   [&](int src) { return (unsigned long long)(w0 + src); });
 }
 
 // One lane of a cost warp over candidates (every lane calls it): the warp's
 // num_live candidates are events e0 + list[0 .. num_live), in event order.
 __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long e0,
-                                                  const unsigned short* list, int num_live,
-                                                  unsigned long long* rows)
+                                                  const unsigned short* list, int num_live)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
@@ -420,8 +430,7 @@ __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long
     const long long first = __shfl_sync(full, e, 0);
     const long long end = __shfl_sync(full, e, num_live - 1) + 1;
     kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
-                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
-                   rows);
+                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); });
 }
 
 // The cost pass of one warp over its own consecutive chunks [c0, c1) of 32
@@ -432,10 +441,8 @@ __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long
 // candidacy (R4-R5), and the candidates queue up in `queue` (the warp's 64
 // 16-bit offsets from the range's first event, shared memory) until 32 of
 // them run the cost and the arg-min with every lane busy (kd_candidate_lane).
-// The range's b-th 32 candidates use the partial rows of its b-th chunk (a
-// range has no more candidates than events); the chunks past its candidates
-// leave theirs empty. per_event(e): work of the same pass on each live event
-// (the loop's reference boxes with perfect splits).
+// per_event(e): work of the same pass on each live event (the loop's
+// reference boxes with perfect splits).
 // Measured on an H200 (profiled level-loop launch, two fresh processes each,
 // against every event a lane: benchmarks/results/loop_cost_range_h200.md):
 // the bunny 1.42 to 1.27 ms, conference 6.26-6.30 to 5.76-5.77, armadillo
@@ -446,9 +453,7 @@ constexpr long long KD_COST_RANGE_CHUNKS = 65536 / 32;  // (16-bit offsets in th
 
 template <typename PerEvent>
 __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, long long c0,
-                                                         long long c1,
-                                                         unsigned long long* partial_rows,
-                                                         unsigned short* queue,
+                                                         long long c1, unsigned short* queue,
                                                          PerEvent per_event)
 {
     const unsigned full = 0xffffffffu;
@@ -459,7 +464,6 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
     const KdEventSegment& sg = a.event_seg;
     long long e = e0 + lane;
     int count = 0;  // candidates queued (at most 31 between chunks)
-    long long batch = c0;  // the chunk whose partial rows the next 32 candidates use
     for (long long c = c0; c < c1; ++c, e += 32) {
         bool candidate = false;
         if (e < num_events) {
@@ -474,7 +478,7 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
         count += __popc(mask);
         __syncwarp();
         if (count >= 32) {
-            kd_candidate_lane(a, e0, queue, 32, kd_argmin_rows(partial_rows, batch++));
+            kd_candidate_lane(a, e0, queue, 32);
             const int rest = count - 32;
             const unsigned short moved = lane < rest ? queue[32 + lane] : 0;
             __syncwarp();
@@ -483,18 +487,6 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
             count = rest;
         }
     }
-    if (count > 0) kd_candidate_lane(a, e0, queue, count, kd_argmin_rows(partial_rows, batch++));
+    if (count > 0) kd_candidate_lane(a, e0, queue, count);
     __syncwarp();  // (the queue is read before the warp's next range writes it)
-    for (long long c = batch; c < c1; ++c)
-        kd_argmin_rows_empty(kd_argmin_rows(partial_rows, c), lane);
-}
-
-// After kd_split_cost_warp: a partial row's index is its segment's arg-min
-// candidate where its minimum is the segment's (the lowest such index wins).
-__device__ __forceinline__ void kd_argmin_partial(const unsigned long long* row,
-                                                  const unsigned long long* seg_min_cost,
-                                                  unsigned long long* seg_best)
-{
-    const unsigned long long seg = row[0];
-    if (seg != KD_NO_INDEX && row[1] == seg_min_cost[seg]) atomicMin(seg_best + seg, row[2]);
 }

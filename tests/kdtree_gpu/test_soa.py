@@ -56,7 +56,7 @@ def test_scalar_struct_values_and_layout():
 def test_cuda_struct_text_checks_every_offset():
     text = cuda_struct(LevelScratch)
     assert text.startswith("struct KdLevelScratch {")
-    assert "    unsigned long long* seg_min_cost;" in text
+    assert "    unsigned long long* seg_argmin;" in text
     assert "    bool* node_split;" in text
     for f in dataclasses.fields(LevelScratch):
         assert f"__builtin_offsetof(KdLevelScratch, {f.name})" in text

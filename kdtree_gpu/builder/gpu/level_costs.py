@@ -75,15 +75,10 @@ class SplitCosts:
     open_close : OpenCloseScan
         Exclusive scan of the packed (opens, closes) counts.
     event_side : (E,) int8
-    seg_min_cost : (3n,) uint64
-        Cost bits of each segment's minimum.
-    seg_best : (3n,) uint64
-        Each segment's lowest event index at its minimum, but for the
-        segments that reach past a warp's events in the cost pass: ``partial``
-        holds theirs.
-    partial : (ARGMIN_ROWS_PER_WARP * warps, ARGMIN_ROW) uint64
-        The warps' partial arg-mins (segment, minimum, index;
-        ``kd_split_cost_warp``; ``encoding``).
+    seg_argmin : (3n, 2) uint64
+        Each segment's minimum cost bits and its lowest event index at that
+        minimum (``encoding.INF_BITS``, ``encoding.NO_INDEX`` without a
+        candidate), final when the cost pass ends (``KdSegArgmin``).
     event_cost : (2E,) uint32 or None
         Each event's float64 cost as two 32-bit halves (the high words, then
         the low words; :func:`event_costs` reads them back), only when asked
@@ -92,14 +87,12 @@ class SplitCosts:
 
     open_close: OpenCloseScan
     event_side: object
-    seg_min_cost: object
-    seg_best: object
-    partial: object
+    seg_argmin: object
     event_cost: object = None
 
 
 def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, event_side,
-               seg_min_cost, seg_best, partial) -> tuple:
+               seg_argmin) -> tuple:
     """The arguments of ``kd_split_costs`` (``kd_split_costs_candidates``'s but their last,
     with a chunked scan); ``None`` arrays are null pointers (not stored)."""
     halves = _halves(event_cost)
@@ -108,7 +101,7 @@ def _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost, e
             nodes.node_hi, i64(nodes.size), i64(events.size), i64(cfg.leaf_size),
             np.int32(level_active), np.int32(cfg.axes == "longest"), f64(cfg.k_traversal),
             f64(cfg.k_intersect), f64(cfg.empty_bonus), *map(or_null, halves),
-            or_null(event_side), seg_min_cost, seg_best, partial)
+            or_null(event_side), seg_argmin)
 
 
 def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
@@ -122,27 +115,26 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     derived from each event's place and its reference's node
     (``KdEventSegment``). No cost is stored (unless ``store_costs``): each
     warp of the pass finds the arg-min of the segments inside its 32 events
-    (its 32 candidate planes, where the level is not ``small``) and leaves a
-    partial one for the (at most two) segments that reach past them, which
-    :func:`select_best_splits_gpu` completes. The open/close flags are
+    (its 32 candidate planes, where the level is not ``small``), and the
+    parts of the (at most two) segments that reach past them meet in their
+    segments' pairs by 16-byte atomics (``kd_seg_argmin_lower``): the
+    arg-mins are final when the pass ends. The open/close flags are
     derived from the kinds as their scan loads them.
     """
     n, num_events = nodes.size, events.size
-    seg_min_cost = cp.empty(3 * n, dtype=np.uint64)
-    seg_best = cp.empty(3 * n, dtype=np.uint64)
+    seg_argmin = cp.empty((3 * n, 2), dtype=np.uint64)
     kind, e = events.event_kind, i64(num_events)
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
     warps = -(-num_events // 32)
-    partial = cp.empty((enc.ARGMIN_ROWS_PER_WARP * warps, enc.ARGMIN_ROW), dtype=np.uint64)
     if small:
         open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
         launch("compute_split_costs: event scan", stage_kernel("kd_small_event_scan"),
-               enc.SCAN_BLOCK, (kind, e, i64(3 * n), open_close.ex, seg_min_cost, seg_best))
+               enc.SCAN_BLOCK, (kind, e, i64(3 * n), open_close.ex, seg_argmin))
         launch("compute_split_costs: costs", stage_kernel("kd_split_costs"), num_events,
                _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                          event_side, seg_min_cost, seg_best, partial))
-        return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
+                          event_side, seg_argmin))
+        return SplitCosts(open_close, event_side, seg_argmin, event_cost)
     # The candidates only (cuda/cost_candidates.cu): a pass over the tiles
     # scans the open/close counts (stored chunked) and flags the candidate
     # planes, a mask per 32 events; the cost pass lists each tile's candidates
@@ -153,8 +145,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     halves = _halves(event_cost)
     launch("compute_split_costs: segment ranges", _candidate_kernel("kd_segment_ranges"), 3 * n,
            (nodes.node_ref_offset, nodes.node_lo, nodes.node_hi, i64(n), i64(cfg.leaf_size),
-            np.int32(level_active), np.int32(cfg.axes == "longest"), seg_range, seg_min_cost,
-            seg_best))
+            np.int32(level_active), np.int32(cfg.axes == "longest"), seg_range, seg_argmin))
     tile_prefix = tile_scan(
         cp, num_events + 1,
         (_candidate_kernel("kd_cost_prepass"),
@@ -164,11 +155,11 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
         None, "compute_split_costs: scan")
     open_close = OpenCloseScan(local=local, tile_prefix=tile_prefix)
     args = _cost_args(cfg, events, refs, nodes, open_close, level_active, event_cost,
-                      event_side, seg_min_cost, seg_best, partial)
+                      event_side, seg_argmin)
     tiles = -(-num_events // enc.SCAN_TILE)
     launch("compute_split_costs: costs", _candidate_kernel("kd_split_costs_candidates"),
            tiles * enc.SCAN_BLOCK, (*args, cand_mask), block=enc.SCAN_BLOCK)
-    return SplitCosts(open_close, event_side, seg_min_cost, seg_best, partial, event_cost)
+    return SplitCosts(open_close, event_side, seg_argmin, event_cost)
 
 
 def _halves(event_cost) -> tuple:
@@ -208,11 +199,6 @@ def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, s
         Inclusive scan of (split | leaf references << 32) after a leading 0.
     """
     n = nodes.size
-    # the arg-min of the segments that reach past a warp's events in the cost pass
-    # (lowest index = lowest position: R8's tie-break)
-    launch("select_best_splits: partial arg-mins", stage_kernel("kd_argmin_partials"),
-           costs.partial.shape[0], (costs.partial, i64(costs.partial.shape[0]),
-                                    costs.seg_min_cost, costs.seg_best))
     best = BestSplit(node_cost=cp.empty(n, dtype=np.float64),
                      node_axis=cp.empty(n, dtype=np.int8),
                      node_pos=cp.empty(n, dtype=np.float32),
@@ -220,11 +206,10 @@ def select_best_splits_gpu(cp, cfg, events, nodes, costs, level_active, small, s
     node_split = cp.empty(n, dtype=bool)
     split_leaf = cp.empty(n + 1, dtype=np.int64)
     # (the best events' costs are their segments' minima)
-    select_args = (costs.seg_best, events.event_pos,
+    select_args = (costs.seg_argmin, events.event_pos,
                    costs.event_side, nodes.node_ref_offset, i64(n), i64(cfg.leaf_size),
                    np.int32(level_active), f64(cfg.k_intersect), best.node_cost, best.node_axis,
-                   best.node_pos, best.node_side, node_split, split_leaf, costs.seg_min_cost,
-                   i64(small_refs))
+                   best.node_pos, best.node_side, node_split, split_leaf, i64(small_refs))
     if small:
         split_leaf_ex = cp.empty(n + 1, dtype=np.int64)
         launch("select_best_splits", stage_kernel("kd_small_select_scan"), enc.SCAN_BLOCK,

@@ -142,12 +142,9 @@ class LevelBuffers:
 # launch with larger ones.
 SHRINKING_EIGHTHS = 9
 
-# The fewest events a loop buffer holds. A level's cost pass keeps its partial
-# arg-min rows (encoding.ARGMIN_ROWS_PER_WARP of ARGMIN_ROW uint64 for every 32
-# events: 48 bytes, kd_split_cost_warp) in the next level's slot of event_ref,
-# 4 bytes an event of capacity, from an 8-byte aligned start: 48 * ceil(E / 32)
-# + 7 bytes fit in 4 * cap bytes for every E <= cap once cap >= 22 (the default
-# capacities add thousands; a capacity callable may give a level's own size).
+# The fewest events a loop buffer holds: a chunk of 32, the cost pass's unit
+# (the default capacities add thousands; a capacity callable may give a
+# level's own size).
 LOOP_MIN_EVENTS = 32
 
 

@@ -31,6 +31,7 @@ from kdtree_gpu.builder.stages import create_root_events
 from kdtree_gpu.config import split_cost
 from kdtree_gpu.device import gpu_available
 from kdtree_gpu.mesh import load_mesh, prepare_mesh
+from kdtree_gpu.primitives import segmented_argmin
 from kdtree_gpu.testing.meshes import CONFIGS
 
 pytestmark = [pytest.mark.gpu,
@@ -81,7 +82,18 @@ def check_level(cp, cfg, lvl, tri_lo, tri_hi, max_depth, want, small, mesh):
     finite = np.isfinite(want["event_cost"].get())
     equal(costs.event_side.get()[finite], want["event_side"].get()[finite],
           f"compute_split_costs, {where}: event_side")
-    # (the arg-min completes the cost pass's partial rows: the builder stores no cost)
+    # each segment's pair, final with the pass: its minimum cost's bits and its
+    # lowest event index at that minimum (R8), or (INF_BITS, NO_INDEX) without a
+    # candidate, as the twin's costs give them (the builder stores no cost)
+    twin_cost = want["event_cost"].get()
+    at = segmented_argmin(twin_cost, lvl.nodes.seg_event_offset.get())
+    low = np.where(at >= 0, twin_cost[np.maximum(at, 0)], np.inf)
+    has = np.isfinite(low)
+    pairs = costs.seg_argmin.get()
+    equal(pairs[:, 0], np.where(has, low.view(np.uint64), np.uint64(enc.INF_BITS)),
+          f"select_best_splits, {where}: segment minima")
+    equal(pairs[:, 1], np.where(has, at.astype(np.uint64), np.uint64(enc.NO_INDEX)),
+          f"select_best_splits, {where}: segment arg-mins")
     best, node_split, split_leaf_ex = select_best_splits_gpu(
         cp, cfg, lvl.events, lvl.nodes, costs, level_active, small)
     equal(node_split, want["node_split"], f"decide_leaves, {where}: node_split")
