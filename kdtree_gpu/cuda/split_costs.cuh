@@ -300,27 +300,24 @@ __device__ __forceinline__ void kd_seg_argmin_reset(unsigned long long* seg_argm
 }
 
 // Lowers segment s's pair to (cost, index) where that is smaller, atomically
-// (a 16-byte compare-and-swap: sm_90): the parts of a segment that several
+// (the 16-byte compare-and-swap of sm_90, on the pair itself: no __int128,
+// which NVRTC takes only with an option): the parts of a segment that several
 // warps cost meet here, and the pair is final when the pass is, with no
 // second pass over partial results. A pair only decreases, so a cost above
 // the one read (even a read torn between two writes: its cost half was the
-// pair's once) can never win, and the loop ends at the first swap that holds
-// or at a value no larger than (cost, index), confirmed by a swap that writes
-// what is there.
+// pair's once) can never win, and the loop ends at the first swap that holds:
+// one that puts (cost, index), or one that puts back a pair no larger.
 __device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argmin, long long s,
                                                     unsigned long long cost,
                                                     unsigned long long index)
 {
     KdSegArgmin* at = reinterpret_cast<KdSegArgmin*>(seg_argmin) + s;
-    KdSegArgmin seen = {((volatile KdSegArgmin*)at)->cost, ((volatile KdSegArgmin*)at)->index};
-    if (cost > seen.cost) return;
-    unsigned __int128* word = reinterpret_cast<unsigned __int128*>(at);
-    const unsigned __int128 want = ((unsigned __int128)cost << 64) | index;
-    unsigned __int128 old = ((unsigned __int128)seen.cost << 64) | seen.index;
+    KdSegArgmin old = {((volatile KdSegArgmin*)at)->cost, ((volatile KdSegArgmin*)at)->index};
+    if (cost > old.cost) return;
     for (;;) {
-        const unsigned __int128 put = want < old ? want : old;
-        const unsigned __int128 was = atomicCAS(word, old, put);
-        if (was == old) return;  // (put is there: want, or what was there already)
+        const bool lower = cost < old.cost || (cost == old.cost && index < old.index);
+        const KdSegArgmin was = atomicCAS(at, old, lower ? KdSegArgmin{cost, index} : old);
+        if (was.cost == old.cost && was.index == old.index) return;
         old = was;
     }
 }
