@@ -268,6 +268,8 @@ extern "C" __global__ void kd_scatter(KD_SCATTER_HEAD_PARAMS,
                                       KD_SCATTER_TAIL_PARAMS)
 {
     KdScatterArgs a = KD_SCATTER_ARGS(event_lr_ex);
+    // (the stages pass the children's offsets: no code for their absence, the loop's form)
+    __builtin_assume(a.child_ref_offset != nullptr && a.child_event_offset != nullptr);
     kd_scatter_item(a, kd_tid());
 }
 
@@ -287,6 +289,7 @@ extern "C" __global__ void kd_scatter_chunks(KD_SCATTER_HEAD_PARAMS,
                                              KD_SCATTER_TAIL_PARAMS)
 {
     KdScatterArgs a = KD_SCATTER_ARGS(KdPackedScan());
+    __builtin_assume(a.child_ref_offset != nullptr && a.child_event_offset != nullptr);
     const long long i = kd_tid();
     if (i < num_refs) kd_scatter_ref(a, i);
     if ((i & ~31ll) >= num_events) return;  // (the whole warp)

@@ -370,16 +370,11 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         grid.sync();
         KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
-        if (!clip) {
-            // the children's offsets read off the flag scans, without their
-            // sizes or two scans of them (and two grid barriers)
-            kd_grid_for(6 * n + 1, [&](long long t) {
-                if (t <= 6 * n)
-                    kd_child_offsets(
-                        route, t, [&](long long g) { return event_scan[seg_event_offset[g]]; },
-                        child_ref_offset, child_event_offset);
-            });
-        } else {
+        // Without perfect splits the children's offsets are read off the flag
+        // scans (kd_child_offsets) beside the scatter, which finds its
+        // destinations in the same scans: no phase and no grid barrier of
+        // their own. With them, the child sizes and their scans, then a barrier.
+        if (clip) {
             kd_grid_for(4 * n, [&](long long t) {
                 if (t >= 4 * n) return;
                 kd_child_count(route, t);
@@ -405,14 +400,19 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                                 child_ref_offset);
             kd_grid_scan_finish(KdLoadArray{child_event_count}, 6 * n + 1, sums1,
                                 child_event_offset);
+            grid.sync();
         }
-        grid.sync();
         // The next level's sizes: every thread reads the same values and
-        // takes the same branch.
+        // takes the same branch. (Without perfect splits, the flag scans'
+        // totals: a node that does not split carries no flags.)
         const long long num_split = split_count;
         const long long num_leaf_refs = KD_HIGH(s.split_leaf_ex[n]);
-        const long long num_child_refs = child_ref_offset[2 * num_split];
-        const long long num_child_events = child_event_offset[6 * num_split];
+        const long long ref_total = clip ? 0 : ref_lr_ex[node_ref_offset[n]];
+        const long long event_total = clip ? 0 : event_scan[seg_event_offset[3 * n]];
+        const long long num_child_refs =
+            clip ? child_ref_offset[2 * num_split] : KD_LOW(ref_total) + KD_HIGH(ref_total);
+        const long long num_child_events = clip ? child_event_offset[6 * num_split]
+                                                : KD_LOW(event_total) + KD_HIGH(event_total);
         const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
                                         + *(volatile long long*)&status[KD_LOOP_DEFER_LEVEL];
         const long long num_new = clip ? s.new_offset[6 * num_split] : 0;
@@ -455,6 +455,14 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
                                    (int)level, leaf_ref_base, deferred,
                                    &status[KD_LOOP_DEFER_NEXT], &status[KD_LOOP_DEFER_REFS]);
         });
+        if (!clip) {  // the next level's offsets (its slot; this level reads none of them)
+            kd_grid_for(6 * n + 1, [&](long long t) {
+                if (t <= 6 * n)
+                    kd_child_offsets(
+                        route, t, [&](long long g) { return event_scan[seg_event_offset[g]]; },
+                        child_ref_offset, child_event_offset);
+            });
+        }
         if (clip) {
             // Perfect splits: the new events listed by child segment (any
             // order within one), then each written at its place in the
@@ -512,9 +520,12 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         }
         int* child_tri = lvl_refs.ref_tri + nxt * cap_refs;
         int* child_node = lvl_refs.ref_node + nxt * cap_refs;
+        // (without perfect splits the destinations come from the flag scans:
+        // the children's offsets are being written beside it)
         KdScatterArgs scatter = {tri, node, s.ref_class, ref_lr_ex, node_ref_offset,
-                                 s.split_leaf_ex, child_ref_offset, pos, kind, ref, seg,
-                                 event_scan, seg_event_offset, child_event_offset, n, num_refs,
+                                 s.split_leaf_ex, clip ? child_ref_offset : nullptr, pos, kind,
+                                 ref, seg, event_scan, seg_event_offset,
+                                 clip ? child_event_offset : nullptr, n, num_refs,
                                  num_events, leaf_ref_base, leaf_tris, child_tri, child_node,
                                  child_pos, child_kind, child_ref, nullptr, clip,
                                  clip ? s.new_offset : nullptr, clip ? s.new_rank : nullptr};

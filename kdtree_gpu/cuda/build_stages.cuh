@@ -370,7 +370,11 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
 // Stages split_refs and split_events in one launch over max(R, E) threads: thread i
 // moves reference i (stable compaction into the children, or into the leaf list) and
 // event i (into its child segments, order kept), which points at its reference's copy.
-// (lr_at(r): the scan at reference r, of ref_lr_ex or already loaded)
+// (lr_at(r): the scan at reference r, of ref_lr_ex or already loaded). Without
+// child_ref_offset (null: the level loop, which writes the children's offsets
+// beside the scatter) they come from the scans at the node's ends, as
+// kd_child_offsets makes them: left child at LOW(s) + HIGH(s), right at
+// LOW(e) + HIGH(s).
 template <typename LrAt>
 __device__ __forceinline__ void kd_ref_destinations(long long r, int node, LrAt lr_at,
                                                     const KdPackedScan& ref_lr_ex,
@@ -380,8 +384,14 @@ __device__ __forceinline__ void kd_ref_destinations(long long r, int node, LrAt 
                                                     long long* dst_left, long long* dst_right)
 {
     long long start = node_ref_offset[node];
-    long long child = 2 * KD_LOW(split_leaf_ex[node]);
     long long lr_r = lr_at(r), lr_s = ref_lr_ex[start];
+    if (!child_ref_offset) {
+        const long long lr_e = ref_lr_ex[node_ref_offset[node + 1]];
+        *dst_left = KD_HIGH(lr_s) + KD_LOW(lr_r);
+        *dst_right = KD_LOW(lr_e) + KD_HIGH(lr_r);
+        return;
+    }
+    long long child = 2 * KD_LOW(split_leaf_ex[node]);
     *dst_left = child_ref_offset[child] + (KD_LOW(lr_r) - KD_LOW(lr_s));
     *dst_right = child_ref_offset[child + 1] + (KD_HIGH(lr_r) - KD_HIGH(lr_s));
 }
@@ -411,6 +421,8 @@ struct KdScatterArgs {
     KdEventSegment event_seg;
     KdPackedScan event_lr_ex;
     const long long* seg_event_offset;
+    // (both null: the destinations come from the flag scans at the groups'
+    // ends, kd_ref_destinations; the level loop without perfect splits)
     const long long* child_event_offset;
     long long num_nodes, num_refs, num_events, leaf_ref_base;
     int* leaf_tris;
@@ -503,12 +515,19 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
     long long lr_e = lr_of(), lr_s = seg_start(seg);
     float pos = a.event_pos[i];
     signed char kind = a.event_kind[i];
+    // (without child_event_offset: the child segments start at LOW(s) + HIGH(s)
+    // and LOW(e) + HIGH(s), s and e the scans at the segment's ends)
     if (cls & KD_CLASS_LEFT) {
-        long long dst = kd_kept_event_place(a, child_seg, KD_LOW(lr_e) - KD_LOW(lr_s));
+        const long long j = KD_LOW(lr_e) - KD_LOW(lr_s);
+        const long long dst = a.child_event_offset ? kd_kept_event_place(a, child_seg, j)
+                                                   : KD_LOW(lr_s) + KD_HIGH(lr_s) + j;
         if (dst < a.room_events) kd_put_event(a, dst, pos, kind, (int)rl, child_seg);
     }
     if (cls & KD_CLASS_RIGHT) {
-        long long dst = kd_kept_event_place(a, child_seg + 1, KD_HIGH(lr_e) - KD_HIGH(lr_s));
+        const long long j = KD_HIGH(lr_e) - KD_HIGH(lr_s);
+        const long long dst = a.child_event_offset
+                                  ? kd_kept_event_place(a, child_seg + 1, j)
+                                  : KD_LOW(seg_start(seg + 1)) + KD_HIGH(lr_s) + j;
         if (dst < a.room_events) kd_put_event(a, dst, pos, kind, (int)rr, child_seg + 1);
     }
 }
