@@ -249,6 +249,9 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         const int nxt = (cur < 0 ? start_slot : cur) == 0 ? 1 : 0;
         long long* child_ref_offset = lvl_nodes.node_ref_offset + nxt * ref_offset_cap;
         long long* child_event_offset = lvl_nodes.seg_event_offset + nxt * seg_offset_cap;
+        // (never null: where these are passed, the code for absent offsets,
+        // kd_ref_destinations', is left out)
+        __builtin_assume(child_ref_offset != nullptr && child_event_offset != nullptr);
         long long* child_ref_count = s.child_count;
         long long* child_event_count = s.child_count + 2 * n + 1;
         const int level_active = level < max_depth;
