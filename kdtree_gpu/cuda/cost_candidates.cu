@@ -107,6 +107,13 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
 // shared memory), then a lane a candidate: each candidate's cost and side, and
 // each segment's minimum and arg-min as kd_split_costs leaves them. The open/close
 // scan is pass 1's, chunked by tiles.
+// The parts of the tile's first and last segments (those that reach past the
+// tile, from above a level's largest nodes down, every warp of every tile on
+// the same pair) wait in shared memory, a slot a chunk of 32 candidates, and
+// one lane lowers each pair once a tile: every warp on the pair itself was
+// 4.93 -> 6.6-6.8 ms of a 5.5M-triangle build's pass, 20.95 -> 39-41 at 22M
+// (H200). Other parts of larger segments (inside the tile) lower their pairs
+// directly.
 // Eight blocks a multiprocessor (32 registers, some spilled) rather than six
 // (40): on an H200 this pass 5.27-5.29 -> 4.94-4.95 ms of the 5.5M-triangle
 // build, 22.35-22.38 -> 20.95-20.96 at 22M (benchmarks/results/staged_cost_occupancy_h200.md).
@@ -121,8 +128,11 @@ kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
     __shared__ unsigned int s_mask[CHUNKS];
     __shared__ int s_before[CHUNKS + 1];
     __shared__ unsigned short s_cand[KD_SCAN_TILE];
+    __shared__ KdSegArgmin s_part[2][CHUNKS];  // the first and last segments' parts, a chunk each
+    __shared__ int s_end_seg[2];               // those segments
     const KdCostArgs a =
         KD_COST_ARGS(KdPackedScan(open_close_local, open_close_tile, KD_SCAN_TILE));
+    const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
     const long long e0 = (long long)blockIdx.x * KD_SCAN_TILE;
     const long long k0 = (long long)blockIdx.x * CHUNKS;
@@ -138,6 +148,23 @@ kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
         s_before[2 * lane] = before;
         s_before[2 * lane + 1] = before + __popc(m0);
         if (lane == 31) s_before[CHUNKS] = x;
+        for (int k = 0; k < 2; ++k)
+            s_part[k][2 * lane] = s_part[k][2 * lane + 1] = KdSegArgmin{KD_NO_INDEX, KD_NO_INDEX};
+        // the tile's first and last candidates' segments: the lowest and highest lanes with
+        // candidates take their first and last
+        const unsigned with = __ballot_sync(full, (m0 | m1) != 0u);
+        const int first_lane = __ffs(with) - 1, last_lane = 31 - __clz(with);
+        if (with && (lane == first_lane || lane == last_lane)) {
+            int node, axis;
+            if (lane == first_lane) {
+                const int c = m0 ? 2 * lane : 2 * lane + 1;
+                s_end_seg[0] = a.event_seg.of(e0 + 32 * c + __ffs(m0 ? m0 : m1) - 1, node, axis);
+            }
+            if (lane == last_lane) {
+                const int c = m1 ? 2 * lane + 1 : 2 * lane;
+                s_end_seg[1] = a.event_seg.of(e0 + 32 * c + 31 - __clz(m1 ? m1 : m0), node, axis);
+            }
+        }
     }
     __syncthreads();
     if (threadIdx.x < CHUNKS) {
@@ -149,6 +176,27 @@ kd_split_costs_candidates(KD_COST_HEAD_PARAMS,
     const int count = s_before[CHUNKS];
     for (int q = threadIdx.x >> 5; 32 * q < count; q += KD_SCAN_BLOCK / 32) {  // (warp-uniform)
         const int left = count - 32 * q;
-        kd_candidate_lane(a, e0, s_cand + 32 * q, left < 32 ? left : 32);
+        kd_candidate_lane(a, e0, s_cand + 32 * q, left < 32 ? left : 32,
+                          [&](int seg, unsigned long long cost, unsigned long long index) {
+                              // (a chunk has at most one part of each: its runs' segments differ)
+                              if (seg == s_end_seg[0]) s_part[0][q] = KdSegArgmin{cost, index};
+                              else if (seg == s_end_seg[1]) s_part[1][q] = KdSegArgmin{cost, index};
+                              else kd_seg_argmin_lower(a.seg_argmin, seg, cost, index);
+                          });
+    }
+    __syncthreads();
+    if (threadIdx.x < 32) {  // each end segment's parts: the least pair, lowered once
+        for (int k = 0; k < 2; ++k) {
+            KdSegArgmin p = s_part[k][2 * lane];
+            const KdSegArgmin p1 = s_part[k][2 * lane + 1];
+            if (kd_pair_less(p1.cost, p1.index, p)) p = p1;
+            for (int o = 16; o; o >>= 1) {
+                const unsigned long long c = __shfl_xor_sync(full, p.cost, o);
+                const unsigned long long i = __shfl_xor_sync(full, p.index, o);
+                if (kd_pair_less(c, i, p)) p = KdSegArgmin{c, i};
+            }
+            if (lane == 0 && p.index != KD_NO_INDEX)
+                kd_seg_argmin_lower(a.seg_argmin, s_end_seg[k], p.cost, p.index);
+        }
     }
 }

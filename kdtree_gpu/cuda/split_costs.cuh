@@ -305,8 +305,17 @@ __device__ __forceinline__ void kd_seg_argmin_reset(unsigned long long* seg_argm
 // warps cost meet here, and the pair is final when the pass is, with no
 // second pass over partial results. A pair only decreases, so a cost above
 // the one read (even a read torn between two writes: its cost half was the
-// pair's once) can never win, and the loop ends at the first swap that holds:
-// one that puts (cost, index), or one that puts back a pair no larger.
+// pair's once) can never win; a failed swap returns the pair atomically, and
+// one no larger than (cost, index) ends the loop too, so that parts that
+// meet a lower pair leave after one swap instead of swapping it back until
+// the pair stops moving. The loop also ends at a swap that holds: one that
+// puts (cost, index), or one that puts back a pair no larger.
+__device__ __forceinline__ bool kd_pair_less(unsigned long long cost, unsigned long long index,
+                                             const KdSegArgmin& than)
+{
+    return cost < than.cost || (cost == than.cost && index < than.index);
+}
+
 __device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argmin, long long s,
                                                     unsigned long long cost,
                                                     unsigned long long index)
@@ -315,12 +324,24 @@ __device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argm
     KdSegArgmin old = {((volatile KdSegArgmin*)at)->cost, ((volatile KdSegArgmin*)at)->index};
     if (cost > old.cost) return;
     for (;;) {
-        const bool lower = cost < old.cost || (cost == old.cost && index < old.index);
+        const bool lower = kd_pair_less(cost, index, old);
         const KdSegArgmin was = atomicCAS(at, old, lower ? KdSegArgmin{cost, index} : old);
         if (was.cost == old.cost && was.index == old.index) return;
         old = was;
+        if (!kd_pair_less(cost, index, old)) return;
     }
 }
+
+// The lowering a cost warp's parts of larger segments get where nothing
+// gathers them first: kd_seg_argmin_lower on the level's pairs.
+struct KdLowerGlobal {
+    unsigned long long* seg_argmin;
+    __device__ __forceinline__ void operator()(int seg, unsigned long long cost,
+                                               unsigned long long index) const
+    {
+        kd_seg_argmin_lower(seg_argmin, seg, cost, index);
+    }
+};
 
 // The arg-min half of a cost pass (rule R8), for a warp whose live lanes (the
 // first num_live) hold items in ascending event order, sorted by segment: seg,
@@ -331,13 +352,14 @@ __device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argm
 // its pair is stored (the pairs start at no candidate: a segment without
 // candidates keeps that). Only the warp's first and last runs can be parts of
 // larger segments (their segment's events reach past first or end): such a
-// part's (minimum, index) lowers its segment's pair atomically
-// (kd_seg_argmin_lower).
-template <typename EventOf>
+// part's (minimum, index) goes to lower(seg, minimum, index): its segment's
+// pair lowered atomically (KdLowerGlobal), or gathered first where many warps
+// of a block share the segment (kd_split_costs_candidates).
+template <typename EventOf, typename Lower>
 __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, bool live,
                                                bool candidate, unsigned long long bits,
                                                long long first, long long end, int num_live,
-                                               EventOf event_of)
+                                               EventOf event_of, Lower lower)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
@@ -363,8 +385,7 @@ __device__ __forceinline__ void kd_warp_argmin(const KdCostArgs& a, int seg, boo
         reinterpret_cast<KdSegArgmin*>(a.seg_argmin)[seg] =
             KdSegArgmin{m == KD_NO_INDEX ? KD_INF_BITS : m, best};
     }
-    if ((from_before || on_after) && m != KD_NO_INDEX)
-        kd_seg_argmin_lower(a.seg_argmin, seg, m, best);
+    if ((from_before || on_after) && m != KD_NO_INDEX) lower(seg, m, best);
 }
 
 // The cost pass with rule R8's arg-min (each segment's lowest event index at
@@ -401,13 +422,17 @@ __device__ __forceinline__ void kd_split_cost_warp(const KdCostArgs& a, long lon
     const bool candidate = live && bits != KD_INF_BITS;
     const long long end = w0 + 32 < a.num_events ? w0 + 32 : a.num_events;
     kd_warp_argmin(a, seg, live, candidate, bits, w0, end, (int)(end - w0),
-                   [&](int src) { return (unsigned long long)(w0 + src); });
+                   [&](int src) { return (unsigned long long)(w0 + src); },
+                   KdLowerGlobal{a.seg_argmin});
 }
 
 // One lane of a cost warp over candidates (every lane calls it): the warp's
-// num_live candidates are events e0 + list[0 .. num_live), in event order.
+// num_live candidates are events e0 + list[0 .. num_live), in event order;
+// lower: where the parts of larger segments go (kd_warp_argmin).
+template <typename Lower>
 __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long e0,
-                                                  const unsigned short* list, int num_live)
+                                                  const unsigned short* list, int num_live,
+                                                  Lower lower)
 {
     const unsigned full = 0xffffffffu;
     const int lane = threadIdx.x & 31;
@@ -427,7 +452,8 @@ __device__ __forceinline__ void kd_candidate_lane(const KdCostArgs& a, long long
     const long long first = __shfl_sync(full, e, 0);
     const long long end = __shfl_sync(full, e, num_live - 1) + 1;
     kd_warp_argmin(a, seg, live, live && bits != KD_INF_BITS, bits, first, end, num_live,
-                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); });
+                   [&](int src) { return (unsigned long long)__shfl_sync(full, e, src); },
+                   lower);
 }
 
 // The cost pass of one warp over its own consecutive chunks [c0, c1) of 32
@@ -475,7 +501,7 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
         count += __popc(mask);
         __syncwarp();
         if (count >= 32) {
-            kd_candidate_lane(a, e0, queue, 32);
+            kd_candidate_lane(a, e0, queue, 32, KdLowerGlobal{a.seg_argmin});
             const int rest = count - 32;
             const unsigned short moved = lane < rest ? queue[32 + lane] : 0;
             __syncwarp();
@@ -484,6 +510,6 @@ __device__ __forceinline__ void kd_split_cost_warp_range(const KdCostArgs& a, lo
             count = rest;
         }
     }
-    if (count > 0) kd_candidate_lane(a, e0, queue, count);
+    if (count > 0) kd_candidate_lane(a, e0, queue, count, KdLowerGlobal{a.seg_argmin});
     __syncwarp();  // (the queue is read before the warp's next range writes it)
 }
