@@ -110,10 +110,11 @@ kd_cost_prepass(const signed char* __restrict__ event_kind, const float* __restr
 // The parts of the tile's first and last segments (those that reach past the
 // tile, from above a level's largest nodes down, every warp of every tile on
 // the same pair) wait in shared memory, a slot a chunk of 32 candidates, and
-// one lane lowers each pair once a tile: every warp on the pair itself was
-// 4.93 -> 6.6-6.8 ms of a 5.5M-triangle build's pass, 20.95 -> 39-41 at 22M
-// (H200). Other parts of larger segments (inside the tile) lower their pairs
-// directly.
+// one lane lowers each pair once a tile. With every warp on the pair itself
+// the pass took 6.6-6.8 ms of a 5.5M-triangle build and 39-41 at 22M, more
+// than the pass and the partial rows' launch it replaced (5.46, 22.55);
+// gathered, 5.30 and 22.28 (H200, benchmarks/results/argmin_pairs_h200.md).
+// Other parts of larger segments (inside the tile) lower their pairs directly.
 // Eight blocks a multiprocessor (32 registers, some spilled) rather than six
 // (40): on an H200 this pass 5.27-5.29 -> 4.94-4.95 ms of the 5.5M-triangle
 // build, 22.35-22.38 -> 20.95-20.96 at 22M (benchmarks/results/staged_cost_occupancy_h200.md).
