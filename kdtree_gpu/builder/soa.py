@@ -146,7 +146,8 @@ class LevelScratch(SoA):
     # (the events' sides have no rows here: the level loop keeps them in the
     # next level's slot of the events; it stores no cost)
     # (6N) each segment's minimum cost bits and lowest event index at it, one
-    # 16-byte pair a segment (KdSegArgmin in cuda/split_costs.cuh)
+    # 16-byte pair a segment (KdSegArgmin in cuda/split_costs.cuh; its 16-byte
+    # compare-and-swap needs the row aligned, as every array cut from a block is)
     seg_argmin: object = soa_field(np.uint64)
     best_cost: object = soa_field(np.float64)  # (N)
     best_axis: object = soa_field(np.int8)  # (N)
