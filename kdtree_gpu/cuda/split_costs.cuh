@@ -299,6 +299,13 @@ __device__ __forceinline__ void kd_seg_argmin_reset(unsigned long long* seg_argm
     reinterpret_cast<KdSegArgmin*>(seg_argmin)[s] = KdSegArgmin{KD_INF_BITS, KD_NO_INDEX};
 }
 
+// (cost, index) below pair `than` in R8's order (KdSegArgmin).
+__device__ __forceinline__ bool kd_pair_less(unsigned long long cost, unsigned long long index,
+                                             const KdSegArgmin& than)
+{
+    return cost < than.cost || (cost == than.cost && index < than.index);
+}
+
 // Lowers segment s's pair to (cost, index) where that is smaller, atomically
 // (the 16-byte compare-and-swap of sm_90, on the pair itself: no __int128,
 // which NVRTC takes only with an option): the parts of a segment that several
@@ -310,12 +317,6 @@ __device__ __forceinline__ void kd_seg_argmin_reset(unsigned long long* seg_argm
 // meet a lower pair leave after one swap instead of swapping it back until
 // the pair stops moving. The loop also ends at a swap that holds: one that
 // puts (cost, index), or one that puts back a pair no larger.
-__device__ __forceinline__ bool kd_pair_less(unsigned long long cost, unsigned long long index,
-                                             const KdSegArgmin& than)
-{
-    return cost < than.cost || (cost == than.cost && index < than.index);
-}
-
 __device__ __forceinline__ void kd_seg_argmin_lower(unsigned long long* seg_argmin, long long s,
                                                     unsigned long long cost,
                                                     unsigned long long index)
