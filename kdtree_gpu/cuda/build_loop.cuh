@@ -413,9 +413,9 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         const long long ref_total = clip ? 0 : ref_lr_ex[node_ref_offset[n]];
         const long long event_total = clip ? 0 : event_scan[seg_event_offset[3 * n]];
         const long long num_child_refs =
-            clip ? child_ref_offset[2 * num_split] : KD_LOW(ref_total) + KD_HIGH(ref_total);
+            clip ? child_ref_offset[2 * num_split] : kd_left_child_start(ref_total);
         const long long num_child_events = clip ? child_event_offset[6 * num_split]
-                                                : KD_LOW(event_total) + KD_HIGH(event_total);
+                                                : kd_left_child_start(event_total);
         const long long need_deferred = *(volatile long long*)&status[KD_LOOP_DEFER_NEXT]
                                         + *(volatile long long*)&status[KD_LOOP_DEFER_LEVEL];
         const long long num_new = clip ? s.new_offset[6 * num_split] : 0;

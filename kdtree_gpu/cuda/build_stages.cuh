@@ -260,6 +260,20 @@ __device__ __forceinline__ void kd_child_count(const KdRouteArgs& a, long long t
     child_count[c + 2] = KD_HIGH(end) - KD_HIGH(start);
 }
 
+// What the flag scans say of a group whose scan is s at its start and e at
+// its end (kd_child_offsets): LOW(s) + HIGH(s) copies go to children from the
+// groups before it, so its left child starts there (and at the last group's
+// end it is the children's total); its right child starts at LOW(e) + HIGH(s).
+__device__ __forceinline__ long long kd_left_child_start(long long s)
+{
+    return KD_LOW(s) + KD_HIGH(s);
+}
+
+__device__ __forceinline__ long long kd_right_child_start(long long s, long long e)
+{
+    return KD_LOW(e) + KD_HIGH(s);
+}
+
 // route_refs and route_events without the group sizes or their scans: item t
 // of 6n + 1 writes the children's offsets (child_ref_offset: 2n + 1,
 // child_event_offset: 6n + 1) from the flag scans at its group's ends
@@ -292,18 +306,18 @@ __device__ __forceinline__ long long kd_child_offsets(const KdRouteArgs& a, long
                 refs ? a.ref_lr_ex[a.node_ref_offset[g + 1]] : event_scan_at(g + 1);
             long long* offset = refs ? child_ref_offset : child_event_offset;
             const long long c = kd_child_group(g, n, a.split_leaf_ex, num_split);
-            offset[c] = KD_LOW(s) + KD_HIGH(s);
-            offset[c + 1] = KD_LOW(e) + KD_HIGH(s);
+            offset[c] = kd_left_child_start(s);
+            offset[c + 1] = kd_right_child_start(s, e);
             if (!refs) start = s;
         }
     }
     if (t <= 2 * (n - num_split)) {
         const long long total = a.ref_lr_ex[a.node_ref_offset[n]];
-        child_ref_offset[2 * num_split + t] = KD_LOW(total) + KD_HIGH(total);
+        child_ref_offset[2 * num_split + t] = kd_left_child_start(total);
     }
     if (t <= 6 * (n - num_split)) {
         const long long total = event_scan_at(3 * n);
-        child_event_offset[6 * num_split + t] = KD_LOW(total) + KD_HIGH(total);
+        child_event_offset[6 * num_split + t] = kd_left_child_start(total);
     }
     return start;
 }
@@ -320,8 +334,8 @@ __device__ __forceinline__ void kd_level_totals_of(const KdRouteArgs& a,
     const long long refs = a.ref_lr_ex[a.node_ref_offset[n]];
     const long long events = event_scan_at(3 * n);
     totals[0] = KD_LOW(s);
-    totals[1] = KD_LOW(refs) + KD_HIGH(refs);
-    totals[2] = KD_LOW(events) + KD_HIGH(events);
+    totals[1] = kd_left_child_start(refs);
+    totals[2] = kd_left_child_start(events);
     totals[3] = KD_HIGH(s);
 }
 
@@ -374,7 +388,8 @@ __device__ __forceinline__ void kd_emit_node(const KdEmitArgs& a, long long i)
 // child_ref_offset (null: the level loop, which writes the children's offsets
 // beside the scatter) they come from the scans at the node's ends, as
 // kd_child_offsets makes them: left child at LOW(s) + HIGH(s), right at
-// LOW(e) + HIGH(s).
+// LOW(e) + HIGH(s) (kd_left_child_start, kd_right_child_start; written out
+// below with each reference's rank in its child folded in).
 template <typename LrAt>
 __device__ __forceinline__ void kd_ref_destinations(long long r, int node, LrAt lr_at,
                                                     const KdPackedScan& ref_lr_ex,
@@ -516,7 +531,9 @@ __device__ __forceinline__ void kd_scatter_event(const KdScatterArgs& a, long lo
     float pos = a.event_pos[i];
     signed char kind = a.event_kind[i];
     // (without child_event_offset: the child segments start at LOW(s) + HIGH(s)
-    // and LOW(e) + HIGH(s), s and e the scans at the segment's ends)
+    // and LOW(e) + HIGH(s), s and e the scans at the segment's ends:
+    // kd_left_child_start and kd_right_child_start written out, as the
+    // measured scatter has them; through the helpers it compiles to other code)
     if (cls & KD_CLASS_LEFT) {
         const long long j = KD_LOW(lr_e) - KD_LOW(lr_s);
         const long long dst = a.child_event_offset ? kd_kept_event_place(a, child_seg, j)
