@@ -206,17 +206,9 @@ def segmented_scan(values, *, offsets=None, head_flags=None, exclusive=False, dt
     return out
 
 
-
 # in-place scans of at least this many items go through CUB (_scan_int64_cuda;
 # benchmarks/probe_scan_cub.py, H100: 0.108 against 0.299 ms at 1M items)
 CUB_MIN_ITEMS = 1 << 20
-
-
-def _scan_named(values, description):
-    xp = get_xp(values)
-    if xp is np:
-        return np.cumsum(values, dtype=np.int64)
-    return _scan_int64_cuda(values, xp.empty(values.shape[0], dtype=np.int64), description)
 
 
 def _scan_kernel(name):

@@ -126,7 +126,6 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     kind, e = events.event_kind, i64(num_events)
     event_cost = cp.empty(2 * num_events, dtype=np.uint32) if store_costs else None
     event_side = cp.empty(num_events, dtype=np.int8)
-    warps = -(-num_events // 32)
     if small:
         open_close = OpenCloseScan(ex=cp.empty(num_events + 1, dtype=np.int64))
         launch("compute_split_costs: event scan", stage_kernel("kd_small_event_scan"),
@@ -140,7 +139,7 @@ def compute_split_costs_gpu(cp, cfg, events, refs, nodes, level_active, small,
     # planes, a mask per 32 events; the cost pass lists each tile's candidates
     # in shared memory and runs a lane each.
     local = cp.empty(num_events + 1, dtype=np.uint32)
-    cand_mask = cp.empty(max(1, warps), dtype=np.uint32)
+    cand_mask = cp.empty(max(1, -(-num_events // 32)), dtype=np.uint32)  # (a mask a chunk)
     seg_range = cp.empty((3 * n, 2), dtype=np.float32)
     halves = _halves(event_cost)
     launch("compute_split_costs: segment ranges", _candidate_kernel("kd_segment_ranges"), 3 * n,
