@@ -90,7 +90,11 @@ LOOP_CLIP_SEGMENT = 16
 LOOP_NEED_NEW_EVENTS = 17
 LOOP_NEED_STAGES = 18
 LOOP_DEFER_REFS = 19  # references of the small nodes deferred so far, all launches
-LOOP_SLOTS = 20
+# blocks that have published their chunk's sum, for each of the two chunked
+# scans a phase may run (cuda/build_loop.cuh, kd_grid_chunk_bases: the last
+# writes every chunk's base, then sets its counter to 0 again)
+LOOP_SCAN_ARRIVALS = 20  # and 21
+LOOP_SLOTS = 22
 LOOP_DONE = 0
 LOOP_STOPPED = 1
 

@@ -114,19 +114,57 @@ __device__ __forceinline__ void kd_grid_scan_finish(Load load, long long n,
     kd_block_scan_range<Load, KD_LOOP_BLOCK>(load, begin, end, carry, out);
 }
 
-// The same, stored chunked (KdPackedScan: a level's flag scans take 4 bytes
-// an item, not 8): each block's counts since its chunk began, and the scan's
-// value before the chunk in chunk_base[block]. The host sizes the grid so
-// that a chunk holds at most KD_SCAN_CHUNK_MAX items (level_loop.loop_grid).
-template <typename Load>
-__device__ __forceinline__ KdPackedScan kd_grid_scan_finish_chunked(
-    Load load, long long n, const long long* block_sum, unsigned int* local,
-    long long* chunk_base)
+// The chunked form (KdPackedScan: a level's flag scans take 4 bytes an item,
+// not 8) in one pass, without a grid barrier of its own: each block scans its
+// chunk into local (its counts since the chunk began, kd_block_scan_flags_local),
+// which needs nothing from the other blocks, and publishes the chunk's sum;
+// the last block to publish writes every chunk's base, the scan's value before
+// it, into chunk_base (kd_grid_chunk_bases). Readable after the next grid
+// barrier. Each block reads its chunk once: the two-pass form (the sums, a
+// barrier, then each block's carry and its chunk scanned again) read it twice.
+// The host sizes the grid so that a chunk holds at most KD_SCAN_CHUNK_MAX
+// items (level_loop.loop_grid).
+__device__ __forceinline__ void kd_grid_chunk_bases(long long sum, long long* block_sum,
+                                                    long long* chunk_base,
+                                                    long long* arrivals)
 {
-    long long begin, end, carry;
-    const long long chunk = kd_grid_scan_carry(n, block_sum, &begin, &end, &carry);
-    if (threadIdx.x == 0) chunk_base[blockIdx.x] = carry;
-    kd_block_scan_flags_local<Load, KD_LOOP_BLOCK>(load, begin, end, local);
+    // (the classic last-block pattern: the sum stored and fenced before the
+    // block counts itself; the last to count sees every sum)
+    bool arrived_last = false;
+    if (threadIdx.x == 0) {
+        block_sum[blockIdx.x] = sum;
+        __threadfence();
+        arrived_last = atomicAdd((unsigned long long*)arrivals, 1ull) == gridDim.x - 1ull;
+    }
+    if (__syncthreads_or(arrived_last)) {
+        __threadfence();
+        long long carry = 0;
+        for (unsigned int b0 = 0; b0 < gridDim.x; b0 += KD_LOOP_BLOCK) {
+            const unsigned int b = b0 + threadIdx.x;
+            // (from L2: other blocks wrote them in this phase)
+            const long long v = b < gridDim.x ? __ldcg(block_sum + b) : 0;
+            long long total;
+            const long long before = kd_block_exclusive_scan<KD_LOOP_BLOCK>(v, &total);
+            if (b < gridDim.x) chunk_base[b] = carry + before;
+            carry += total;
+        }
+        // (ready for the next scan: that comes after a grid barrier)
+        if (threadIdx.x == 0) *arrivals = 0;
+    }
+}
+
+template <typename Load>
+__device__ __forceinline__ KdPackedScan kd_grid_scan_chunked(Load load, long long n,
+                                                             long long* block_sum,
+                                                             unsigned int* local,
+                                                             long long* chunk_base,
+                                                             long long* arrivals)
+{
+    long long begin, end;
+    const long long chunk = kd_grid_chunk(n, &begin, &end);
+    const unsigned int sum = kd_block_scan_flags_local<Load, KD_LOOP_BLOCK>(load, begin, end,
+                                                                             local);
+    kd_grid_chunk_bases(kd_lr64(sum), block_sum, chunk_base, arrivals);
     return KdPackedScan(local, chunk_base, chunk);
 }
 
@@ -265,12 +303,10 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         kd_grid_for(3 * n, [&](long long i) {
             if (i < 3 * n) kd_seg_argmin_reset(s.seg_argmin, i);
         });
-        KdLoadOpenClose open_close = {kind};
-        kd_grid_scan_sums(open_close, num_events + 1, sums0);
-        grid.sync();
         // s.event_scan holds this scan until the cost pass, then the routing's
-        KdPackedScan event_scan = kd_grid_scan_finish_chunked(open_close, num_events + 1, sums0,
-                                                              s.event_scan, event_base);
+        KdPackedScan event_scan =
+            kd_grid_scan_chunked(KdLoadOpenClose{kind}, num_events + 1, sums0, s.event_scan,
+                                 event_base, &status[KD_LOOP_SCAN_ARRIVALS]);
         grid.sync();
         // The sides live in the next level's slot of event_kind until its
         // scatter; no cost is stored.
@@ -333,17 +369,15 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
         // offsets (read off them; with perfect splits, the child sizes and
         // their scans)
         kd_grid_scan_finish(KdLoadArray{s.split_leaf}, n + 1, sums0, s.split_leaf_ex);
-        const KdLoadRefLR ref_lr = {s.ref_class};
-        kd_grid_scan_sums(ref_lr, num_refs + 1, sums1);
-        const KdLoadEventLR event_lr = {ref, s.ref_class, clip};
-        kd_grid_scan_sums(event_lr, num_events + 1, sums2);
-        grid.sync();
-        const KdPackedScan ref_lr_ex = kd_grid_scan_finish_chunked(ref_lr, num_refs + 1, sums1,
-                                                                   s.ref_lr_ex, ref_base);
-        event_scan = kd_grid_scan_finish_chunked(event_lr, num_events + 1, sums2, s.event_scan,
-                                                 event_base);
-        const long long split_count = KD_LOW(s.split_leaf_ex[n]);
+        const KdPackedScan ref_lr_ex =
+            kd_grid_scan_chunked(KdLoadRefLR{s.ref_class}, num_refs + 1, sums1, s.ref_lr_ex,
+                                 ref_base, &status[KD_LOOP_SCAN_ARRIVALS]);
+        event_scan = kd_grid_scan_chunked(KdLoadEventLR{ref, s.ref_class, clip}, num_events + 1,
+                                          sums2, s.event_scan, event_base,
+                                          &status[KD_LOOP_SCAN_ARRIVALS + 1]);
         if (clip) {
+            grid.sync();  // (the split/leaf scan, read below, is written above)
+            const long long split_count = KD_LOW(s.split_leaf_ex[n]);
             // Perfect splits: each straddling reference clipped to both
             // children (copy rows 2r, 2r + 1), and its new events counted per
             // child segment (after a leading 0, as the child counts).
@@ -371,6 +405,7 @@ __device__ __forceinline__ void kd_build_levels(KD_LOOP_PARAMS)
             });
         }
         grid.sync();
+        const long long split_count = KD_LOW(s.split_leaf_ex[n]);
         KdRouteArgs route = {node_ref_offset, ref_lr_ex, seg_event_offset, event_scan,
                              s.node_split, s.split_leaf_ex, n, child_ref_count, child_event_count};
         // Without perfect splits the children's offsets are read off the flag
