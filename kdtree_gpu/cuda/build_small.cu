@@ -97,39 +97,3 @@ extern "C" __global__ void kd_medium_records(const int* __restrict__ deferred, l
     for (int k = 0; k < KD_SMALL_RECORD; ++k) medium[at * KD_MEDIUM_RECORD + k] = rec[k];
     medium[at * KD_MEDIUM_RECORD + KD_SMALL_RECORD] = -1;
 }
-
-// Leaf sizes for the scan that packs leaf_tris: counts[i + 1] = node i's
-// triangles if it is a leaf, else 0, after a leading 0 (nodes in the pages
-// of KdSmallTree).
-extern "C" __global__ void kd_leaf_counts(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
-                                          long long num_nodes, long long* __restrict__ counts)
-{
-    const KdSmallTree tree = {lo, hi, nullptr, nullptr, node_split, 0};
-    long long i = kd_tid();
-    if (i == 0) counts[0] = 0;
-    if (i < num_nodes) {
-        const KdTreeNodes& t = tree.page(i);
-        const long long k = tree.page_index(i);
-        counts[i + 1] = t.node_axis[k] == KD_AXIS_LEAF ? t.node_count[k] : 0;
-    }
-}
-
-// Copy every leaf's triangles to its packed offset (the scan of kd_leaf_counts)
-// and point the leaf there: the deferred nodes' level-loop leaves, replaced by
-// their subtrees, leave no unused entries behind.
-extern "C" __global__ void kd_pack_leaves(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
-                                          long long num_nodes,
-                                          const long long* __restrict__ offsets, int* leaf_lo,
-                                          int* leaf_hi, long long leaf_split,
-                                          int* __restrict__ leaf_out)
-{
-    const KdSmallTree tree = {lo, hi, leaf_lo, leaf_hi, node_split, leaf_split};
-    long long i = kd_tid();
-    if (i >= num_nodes) return;
-    const KdTreeNodes& t = tree.page(i);
-    const long long k = tree.page_index(i);
-    if (t.node_axis[k] != KD_AXIS_LEAF) return;
-    long long src = t.node_child[k], dst = offsets[i];
-    for (int j = 0; j < t.node_count[k]; ++j) leaf_out[dst + j] = *tree.leaf(src + j);
-    t.node_child[k] = (int)dst;
-}

@@ -17,6 +17,8 @@ from .. import encoding as enc
 from ..arrays import get_xp
 from ..launch import launch, stage
 
+PRIMITIVES_SOURCE = "primitives.cu"  # the kernels of this package (kdtree_gpu/cuda)
+
 def _scan_dtype(x, dtype):
     if dtype is not None:
         return np.dtype(dtype)
@@ -214,7 +216,7 @@ CUB_MIN_ITEMS = 1 << 20
 def _scan_kernel(name):
     from ..kernels import get_function
 
-    return get_function("primitives.cu", name)
+    return get_function(PRIMITIVES_SOURCE, name)
 
 
 def _scan_int64_cuda(values, out, description):

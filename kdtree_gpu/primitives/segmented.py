@@ -13,7 +13,8 @@ import numpy as np
 from ..arrays import get_xp
 from ..launch import launch
 from .keys import _from_ordered_key, _to_ordered_key
-from .scan import _check_1d, _check_offsets, _scan_dtype, exclusive_scan, segmented_scan
+from .scan import (PRIMITIVES_SOURCE, _check_1d, _check_offsets, _scan_dtype, exclusive_scan,
+                   segmented_scan)
 
 REDUCE_OPS = ("sum", "min", "max")
 
@@ -117,7 +118,7 @@ def _segment_extreme_key_cuda(key, offsets, op, segment):
     suffix = "u64" if wide else "u32"
     init = ~key.dtype.type(0) if op == "min" else key.dtype.type(0)
     segment_key = cupy.full(num_segments, init, dtype=key.dtype)
-    kernel = get_function("primitives.cu", f"kd_segmented_{op}_{suffix}")
+    kernel = get_function(PRIMITIVES_SOURCE, f"kd_segmented_{op}_{suffix}")
     launch(f"segmented {op}", kernel, n, (key, segment, np.int64(n), segment_key))
     return segment_key
 
@@ -173,7 +174,7 @@ def segmented_argmin(values, offsets):
     segment_min = _segment_extreme_key_cuda(key, offsets, "min", segment)
     segment_index = cupy.full(num_segments, np.iinfo(np.int64).max, dtype=np.int64)
     suffix = "u64" if key.dtype.itemsize == 8 else "u32"
-    kernel = get_function("primitives.cu", f"kd_segmented_argmin_{suffix}")
+    kernel = get_function(PRIMITIVES_SOURCE, f"kd_segmented_argmin_{suffix}")
     launch("segmented argmin", kernel, n, (key, segment, np.int64(n), segment_min, segment_index))
     return cupy.where(nonempty, segment_index, result)
 

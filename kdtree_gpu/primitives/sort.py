@@ -11,7 +11,7 @@ import numpy as np
 from ..arrays import get_xp
 from ..launch import launch, stage
 from .keys import _FLOAT_UINT, float_to_ordered_uint
-from .scan import _check_1d
+from .scan import PRIMITIVES_SOURCE, _check_1d
 
 
 def lower_bound(sorted_values, queries):
@@ -85,7 +85,7 @@ def _segmented_lower_bound_cuda(sorted_values, offsets, queries, segment):
     from ..kernels import get_function
 
     out = cupy.empty(queries.shape[0], dtype=np.int64)
-    kernel = get_function("primitives.cu", "kd_segmented_lower_bound_u64")
+    kernel = get_function(PRIMITIVES_SOURCE, "kd_segmented_lower_bound_u64")
     launch("segmented lower bound", kernel, queries.shape[0],
            (cupy.ascontiguousarray(sorted_values), cupy.ascontiguousarray(offsets, dtype=np.int64),
             cupy.ascontiguousarray(queries), cupy.ascontiguousarray(segment),

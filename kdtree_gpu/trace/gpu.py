@@ -45,7 +45,7 @@ import threading
 import numpy as np
 
 from .. import encoding as enc
-from ..kernels import get_function, get_function_pointer
+from ..kernels import ModuleSpec, get_function, get_function_pointer
 from ..launch import DEFAULT_BLOCK, launch
 from ..packed_launch import PackedLaunch
 from ..primitives.scan import inclusive_scan
@@ -79,6 +79,9 @@ BRUTE_SOURCE = "brute.cu"
 _KERNEL_NAMES = {(a, c): f"kd_trace<{'true' if a else 'false'}, {'true' if c else 'false'}>"
                  for a in (False, True) for c in (False, True)}
 _TRACE_NAME_EXPRESSIONS = tuple(_KERNEL_NAMES.values())
+# the module every traverse.cu kernel comes from (a build packs its layout with
+# it: kdtree_gpu.kernels.compile_modules)
+TRAVERSE_MODULE = ModuleSpec(TRAVERSE_SOURCE, name_expressions=_TRACE_NAME_EXPRESSIONS)
 _DESCRIPTIONS = {(False, False): "trace closest hit", (True, False): "trace any hit",
                  (False, True): "trace closest hit counted", (True, True): "trace any hit counted"}
 

@@ -31,16 +31,19 @@ import numpy as np
 
 from ... import encoding as enc
 from ...device import cooperative_launch
+from ...kernels import ModuleSpec, compile_modules
 from ...launch import stage
-from ...trace.gpu import pack_layout
+from ...primitives.scan import PRIMITIVES_SOURCE
+from ...trace.gpu import TRAVERSE_MODULE, pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
-from .level_loop import build_levels_grid, level_loop_kernel, root_loop_buffers
-from .level_stages import build_level_stages
+from .level_costs import STAGE_MODULES
+from .level_loop import build_levels_grid, level_loop_kernel, loop_module, root_loop_buffers
+from .level_stages import CLIP_MODULE, build_level_stages
 from .order import rename_leaves_cuda
 from .output import TreeOutput, grown
 from .root import create_root_events_cuda, prepare_mesh_cuda, root_event_count
-from .small import build_small_subtrees
+from .small import build_small_subtrees, subtree_modules
 from .workspace import Workspace, pooled, uploaded
 
 
@@ -87,6 +90,40 @@ class LoopState:
             self.deferred = cp.empty((rows, enc.SMALL_RECORD), dtype=np.int32)
         elif self.deferred.shape[0] < need:
             self.deferred = grown(cp, self.deferred, rows, self.num_deferred)
+
+
+def build_modules(cfg, settings, num_triangles: int, grid: bool, cooperative: bool) -> tuple:
+    """The modules a build of ``num_triangles`` triangles runs, as far as they are
+    known before its first kernel (:func:`kdtree_gpu.kernels.compile_modules`
+    compiles those a machine lacks side by side).
+
+    The root's events are taken as six a triangle (fewer where triangles are
+    flat or degenerate), which picks the level loop's kernel and whether
+    levels run by stages; a build that then runs another module compiles it
+    when it asks for it, as without this list.
+
+    Parameters
+    ----------
+    grid : bool
+        The level loop runs (a cooperative device, ``settings.level_loop``).
+    cooperative : bool
+        The device launches cooperatively (the subtree stage's one launch).
+
+    Returns
+    -------
+    tuple of kdtree_gpu.kernels.ModuleSpec
+    """
+    events = 6 * int(num_triangles)
+    specs = [ModuleSpec(PRIMITIVES_SOURCE), TRAVERSE_MODULE, *STAGE_MODULES[:1]]
+    if grid:
+        specs.append(loop_module(cfg.clip, events <= settings.loop_one_block_events))
+    if not grid or events > settings.loop_max_events:
+        specs += STAGE_MODULES[1:]
+    if cfg.clip:
+        specs.append(CLIP_MODULE)  # (the loop hands levels of large new segments to it)
+    elif settings.small_refs_for(num_triangles):
+        specs += subtree_modules(settings, cooperative)
+    return tuple(specs)
 
 
 def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTINGS):
@@ -154,14 +191,16 @@ def build_levels_cuda(cp, cfg, V, F, loop: str = "grid", settings=DEFAULT_SETTIN
     workspace = Workspace(cp, settings.workspace_block, keep=settings.keep_workspace,
                           budget=settings.workspace_budget * int(F_d.shape[0]))
     with workspace:
-        # (which loop kernel runs is chosen from the root's events, below: a
-        # first build compiles only the module it runs)
-        grid = loop == "grid" and settings.level_loop \
-            and cooperative_launch(cp.cuda.Device().id)
+        m = int(F_d.shape[0])
+        cooperative = cooperative_launch(cp.cuda.Device().id)
+        grid = loop == "grid" and settings.level_loop and cooperative
+        # A machine's first build compiles the modules it will run side by side,
+        # not one by one as each is first asked for (which loop kernel runs is
+        # chosen from the root's events, below; build_modules guesses it)
+        compile_modules(build_modules(cfg, settings, m, grid, cooperative))
         # A build the loop runs from the root (at most 6 events per triangle)
         # defers into records cut from the triangles' boxes' block, as many as
         # the loop would make (build_levels_grid).
-        m = int(F_d.shape[0])
         records = 0
         if grid and 6 * m <= settings.loop_max_events \
                 and settings.small_refs_for(m) and not cfg.clip:

@@ -14,7 +14,7 @@ import dataclasses
 import numpy as np
 
 from ... import encoding as enc
-from ...kernels import get_function
+from ...kernels import ModuleSpec, get_function
 from ...launch import launch
 from ...primitives import inclusive_scan, tile_scan
 from ..soa import BestSplit
@@ -22,13 +22,21 @@ from ..soa import BestSplit
 i64, f64 = np.int64, np.float64
 
 
+STAGE_SOURCE = "build.cu"  # the stages' module (and the root's: root.py, order.py)
+CANDIDATE_SOURCE = "cost_candidates.cu"  # the candidate planes of the levels run by stages
+
+
 def stage_kernel(name):
     """Kernel ``name`` of ``cuda/build.cu`` (the stages' module)."""
-    return get_function("build.cu", name)
+    return get_function(STAGE_SOURCE, name)
 
 
 def _candidate_kernel(name):
-    return get_function("cost_candidates.cu", name)
+    return get_function(CANDIDATE_SOURCE, name)
+
+
+# what a level run by stages compiles (kdtree_gpu.kernels.compile_modules)
+STAGE_MODULES = (ModuleSpec(STAGE_SOURCE), ModuleSpec(CANDIDATE_SOURCE))
 
 
 NULL = np.uint64(0)  # a null pointer argument

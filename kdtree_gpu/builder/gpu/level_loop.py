@@ -15,12 +15,26 @@ import functools
 import numpy as np
 
 from ... import encoding as enc
-from ...kernels import cooperative_function
+from ...kernels import ModuleSpec, cooperative_function
 from ...launch import launch, stage
 from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
                    RefSoA)
 from .workspace import BlockLayout, arrays_in_one_block, pooled
+
+
+# The level loop's entry points, (module, kernel) by (perfect splits, one block
+# a multiprocessor): a module each, so that a machine's first build compiles
+# only the loop it runs (H200, NVRTC: build_loop.cu with both of its
+# two-block loops took 10.1 s).
+LOOP_ENTRIES = {(False, False): ("build_loop.cu", "kd_build_levels_grid"),
+                (False, True): ("build_loop_one_block.cu", "kd_build_levels_grid_one_block"),
+                (True, False): ("build_loop_clip.cu", "kd_build_levels_grid_clip")}
+
+
+def loop_module(clip: bool = False, one_block: bool = False) -> ModuleSpec:
+    """The module of :func:`level_loop_kernel`'s kernel (:func:`kdtree_gpu.kernels.compile_modules`)."""
+    return ModuleSpec(LOOP_ENTRIES[bool(clip), bool(one_block) and not clip][0], cooperative=True)
 
 
 def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
@@ -29,8 +43,7 @@ def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
     Parameters
     ----------
     clip : bool
-        Perfect splits: ``kd_build_levels_grid_clip`` (the plain kernels are
-        compiled without their code).
+        Perfect splits: ``kd_build_levels_grid_clip`` (a module of its own).
     one_block : bool
         Without perfect splits, the kernel of one block a multiprocessor
         (``kd_build_levels_grid_one_block``: 128 registers and no spills,
@@ -44,11 +57,7 @@ def level_loop_kernel(cp, clip: bool = False, one_block: bool = False):
         (blocks per multiprocessor times multiprocessors), or ``None`` when
         the device cannot run cooperative launches.
     """
-    one_block = bool(one_block) and not clip
-    source, name = (("build_loop_one_block.cu", "kd_build_levels_grid_one_block")
-                    if one_block else
-                    ("build_loop.cu", "kd_build_levels_grid_clip" if clip
-                     else "kd_build_levels_grid"))
+    source, name = LOOP_ENTRIES[bool(clip), bool(one_block) and not clip]
     return cooperative_function(source, name, enc.LOOP_BLOCK)
 
 

@@ -26,13 +26,14 @@ import numpy as np
 
 from ... import encoding as enc
 from ...device import multiprocessors
-from ...kernels import cooperative_function, get_function
+from ...kernels import ModuleSpec, cooperative_function, get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings, TreeNodeSoA
 from .workspace import arrays_in_one_block, lasting, make_room, pooled, uploaded
 
 _SOURCE = "build_small.cu"
 _GRID_SOURCE = "build_small_grid.cu"  # the same levels in one cooperative launch
+_LEAVES_SOURCE = "build_small_leaves.cu"  # the leaf packing (pack_leaves)
 # warps launched per multiprocessor (about 20 fit at once), each strided over the level's nodes
 WARPS_PER_SM = 32
 # blocks of the medium-node kernel launched per multiprocessor (as many as
@@ -46,6 +47,15 @@ PEAK_MARGIN = 1 / 16
 # bytes of a tree node (every TreeNodeSoA field) and of a leaf entry
 _NODE_BYTES = sum(dtype.itemsize for _, dtype in TreeNodeSoA.shapes(1).values())
 _LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
+
+
+def subtree_modules(settings, cooperative: bool) -> tuple:
+    """The modules :func:`build_small_subtrees` runs on a device that can
+    (``cooperative``) or cannot launch cooperatively
+    (:func:`kdtree_gpu.kernels.compile_modules`)."""
+    grid = cooperative and settings.small_grid and settings.small_refs <= enc.SMALL_MAX_REFS
+    return ((ModuleSpec(_GRID_SOURCE, cooperative=True) if grid else ModuleSpec(_SOURCE)),
+            ModuleSpec(_LEAVES_SOURCE))
 
 
 def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, settings) -> int:
@@ -87,7 +97,6 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     num = state.num_deferred
     if num == 0:
         return -1
-    kernel = get_function(_SOURCE, "kd_build_small_level")
     loop_settings = LoopSettings.for_build(cfg, max_depth, settings.small_refs)
     sms = multiprocessors(cp.cuda.Device().id)
     per_block = enc.SMALL_BLOCK // 32
@@ -106,6 +115,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     grid = None
     if medium is None and settings.small_grid:
         grid = cooperative_function(_GRID_SOURCE, "kd_build_small_levels", enc.SMALL_BLOCK)
+    # (the launches per level: asked for only where they run, so that a first
+    # build compiles one of the two modules)
+    kernel = get_function(_SOURCE, "kd_build_small_level") if grid is None else None
     levels = max_depth + 1  # every depth a deferred node's descendant can have
     row = enc.SMALL_LEVEL_ROW
     sizes = np.zeros(enc.SMALL_COUNTERS + row * (levels + 1), dtype=np.int64)
@@ -381,12 +393,12 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     with pooled():  # a temporary: cut from the freed subtree buffers where it fits
         offsets = cp.empty(num_nodes + 1, dtype=np.int64)
         lo, leaf_lo, hi, leaf_hi, node_split, leaf_split = out.page_args()[:6]
-        launch("pack leaves: counts", get_function(_SOURCE, "kd_leaf_counts"), num_nodes + 1,
+        launch("pack leaves: counts", get_function(_LEAVES_SOURCE, "kd_leaf_counts"), num_nodes + 1,
                (lo, hi, node_split, np.int64(num_nodes), offsets))
         inclusive_scan_in_place(offsets, description="pack leaves: offsets")
     with lasting():  # the tree's own leaf list, at its size
         packed = cp.empty(num_leaf_refs, dtype=enc.LEAF_TRIS_DTYPE)
-    launch("pack leaves: copy", get_function(_SOURCE, "kd_pack_leaves"), num_nodes,
+    launch("pack leaves: copy", get_function(_LEAVES_SOURCE, "kd_pack_leaves"), num_nodes,
            (lo, hi, node_split, np.int64(num_nodes), offsets, leaf_lo, leaf_hi, leaf_split,
             packed))
     return packed
