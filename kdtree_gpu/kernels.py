@@ -403,15 +403,17 @@ def compile_modules(specs: Sequence[ModuleSpec], workers: Optional[int] = None) 
         _announced = True
         print(GPU_COMPILE_MESSAGE.format(arch=cupy.cuda.Device().compute_capability),
               file=sys.stderr, flush=True)
-    # The children import this very package (first on their path: with ``-m`` the
-    # working directory came first, and a checkout there compiled its own
-    # sources, whose include path gave CuPy's cache other keys).
-    root = str(Path(__file__).resolve().parent.parent)
-    child = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    # The children import this very package, and CuPy, from where this process
+    # did: its folder first, then this process's path without the working
+    # directory (with ``python -m`` the working directory came first, and a
+    # checkout there compiled its own sources, whose include path gave CuPy's
+    # cache other keys).
+    path = [str(Path(__file__).resolve().parent.parent)] + [p for p in sys.path if p]
+    child = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
              "from kdtree_gpu.kernels import main; sys.exit(main(sys.argv[1:]))")
 
     def run(spec):
-        command = [sys.executable, "-c", child, root, "--device", str(device_id),
+        command = [sys.executable, "-c", child, json.dumps(path), "--device", str(device_id),
                    "--compile-module", json.dumps(spec._asdict())]
         try:
             done = subprocess.run(command, stdout=subprocess.DEVNULL,
