@@ -3,9 +3,11 @@
 Run in a fresh process with empty kernel caches (``CUPY_CACHE_DIR``, ``KDTREE_GPU_CACHE_DIR``
 pointing at new folders): CuPy's NVRTC call (``compiler._compile_using_nvrtc_no_warning``,
 which its kernel cache calls) is wrapped with a wall clock, so each compilation the first
-build (and then the first ``tree.intersect``) asks for is listed with its source (the package's modules by their ``#line`` file name, CuPy's own kernels by their
-first kernel name), its seconds and its binary's size; then the build's wall time, the sum of
-the compilations and the rest (imports excluded: they ran before the clock)::
+build (and then the first ``tree.intersect``) asks for in this process is listed with its
+source (the package's modules by their ``#line`` file name, CuPy's own kernels by their first
+kernel name), its seconds and its binary's size; then the build's wall time, the sum of those
+compilations and the rest: modules compiled ahead in child processes
+(``kernels.compile_modules``) are in the rest (imports excluded: they ran before the clock)::
 
     CUPY_CACHE_DIR=$(mktemp -d) KDTREE_GPU_CACHE_DIR=$(mktemp -d) \\
         python benchmarks/probe_cold_compile.py stanford_bunny

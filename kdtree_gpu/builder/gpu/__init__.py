@@ -37,7 +37,7 @@ from ...primitives.scan import PRIMITIVES_SOURCE
 from ...trace.gpu import TRAVERSE_MODULE, pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
-from .level_costs import STAGE_MODULES
+from .level_costs import CANDIDATE_MODULE, STAGE_MODULE
 from .level_loop import build_levels_grid, level_loop_kernel, loop_module, root_loop_buffers
 from .level_stages import CLIP_MODULE, build_level_stages
 from .order import rename_leaves_cuda
@@ -114,11 +114,11 @@ def build_modules(cfg, settings, num_triangles: int, grid: bool, cooperative: bo
     tuple of kdtree_gpu.kernels.ModuleSpec
     """
     events = 6 * int(num_triangles)
-    specs = [ModuleSpec(PRIMITIVES_SOURCE), TRAVERSE_MODULE, *STAGE_MODULES[:1]]
+    specs = [ModuleSpec(PRIMITIVES_SOURCE), TRAVERSE_MODULE, STAGE_MODULE]
     if grid:
         specs.append(loop_module(cfg.clip, events <= settings.loop_one_block_events))
     if not grid or events > settings.loop_max_events:
-        specs += STAGE_MODULES[1:]
+        specs.append(CANDIDATE_MODULE)
     if cfg.clip:
         specs.append(CLIP_MODULE)  # (the loop hands levels of large new segments to it)
     elif settings.small_refs_for(num_triangles):

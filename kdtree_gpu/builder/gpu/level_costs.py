@@ -35,8 +35,9 @@ def _candidate_kernel(name):
     return get_function(CANDIDATE_SOURCE, name)
 
 
-# what a level run by stages compiles (kdtree_gpu.kernels.compile_modules)
-STAGE_MODULES = (ModuleSpec(STAGE_SOURCE), ModuleSpec(CANDIDATE_SOURCE))
+# what every build compiles (the root) and what a level run by stages adds
+# (kdtree_gpu.kernels.compile_modules)
+STAGE_MODULE, CANDIDATE_MODULE = ModuleSpec(STAGE_SOURCE), ModuleSpec(CANDIDATE_SOURCE)
 
 
 NULL = np.uint64(0)  # a null pointer argument

@@ -33,7 +33,8 @@ LOOP_ENTRIES = {(False, False): ("build_loop.cu", "kd_build_levels_grid"),
 
 
 def loop_module(clip: bool = False, one_block: bool = False) -> ModuleSpec:
-    """The module of :func:`level_loop_kernel`'s kernel (:func:`kdtree_gpu.kernels.compile_modules`)."""
+    """The module of :func:`level_loop_kernel`'s kernel
+    (:func:`kdtree_gpu.kernels.compile_modules`)."""
     return ModuleSpec(LOOP_ENTRIES[bool(clip), bool(one_block) and not clip][0], cooperative=True)
 
 
