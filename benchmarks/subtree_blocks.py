@@ -21,7 +21,9 @@ with the per-level costs ``benchmarks/probe_subtree_phases.py`` measures:
 * blocks: the deferred roots dealt to the blocks largest first, each to the block with the
   least work so far (work: its subtree's warp steps); per block and level its warp steps
   over its four warps, rounded up; ``block_rounds``: the busiest block's sum over its
-  levels, ``block_levels``: its levels; ``mean_block_rounds``: the blocks' mean.
+  levels, ``block_levels``: its levels; ``mean_block_rounds``: the blocks' mean;
+* the wide nodes by references (9-16, 17-32, 33-64), and the grid's rounds if a node of
+  9-16 references took half a warp (``grid_rounds_half_warp_to_16``).
 
 A model to rank, not a measurement: with a grid level costing ``F`` plus ``s`` a round and a
 block level ``f`` plus ``s`` a round, the grid takes ``levels * F + grid_rounds * s`` and the
@@ -75,6 +77,14 @@ def subtree_rounds(spec, mesh_dir, blocks=528, small_refs=64, small_min_refs=327
     wide_l = np.bincount(level, weights=~tiny, minlength=num_levels)
     steps_l = np.ceil(tiny_l / 32) + wide_l
     grid_rounds = int(np.ceil(steps_l / (blocks * warps)).sum())
+    # the wide nodes by references, and the grid's rounds if a node of at most 16 took
+    # half a warp (two to a step)
+    r = s.refs[nodes]
+    half = (r > enc.SMALL_TINY_REFS) & (r <= 16)
+    half_l = np.bincount(level, weights=half, minlength=num_levels)
+    steps_half = np.ceil(tiny_l / 32) + np.ceil(half_l / 2) + (wide_l - half_l)
+    half_rounds = int(np.ceil(steps_half / (blocks * warps)).sum())
+    wide_refs = [int(((r > lo) & (r <= hi)).sum()) for lo, hi in ((8, 16), (16, 32), (32, 64))]
     # blocks: roots dealt largest first to the least loaded block
     roots, root_index = np.unique(root[nodes], return_inverse=True)
     work = np.bincount(root_index, weights=np.where(tiny, 1 / 32, 1.0))
@@ -97,6 +107,7 @@ def subtree_rounds(spec, mesh_dir, blocks=528, small_refs=64, small_min_refs=327
             "grid_rounds": grid_rounds,
             # of the levels' warp steps, those of wide nodes
             "wide_step_share": round(float(wide_l.sum() / steps_l.sum()), 3),
+            "wide_nodes_9_16_17_32_33_64": wide_refs, "grid_rounds_half_warp_to_16": half_rounds,
             "nodes_per_level": [int(x) for x in np.bincount(level, minlength=num_levels)],
             "blocks": blocks, "block_rounds": int(rounds_b[busiest]),
             "block_levels": int(levels_b[busiest]), "max_block_levels": int(levels_b.max()),
