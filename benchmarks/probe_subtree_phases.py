@@ -33,25 +33,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-MARKS = 1 << 12
-
-INSTRUMENT = r"""
-__device__ unsigned long long kd_probe_marks[2 * %d];
-__device__ unsigned int kd_probe_count;
-#define KD_PROBE_MARK(tag, lvl)                                                     \
-    do {                                                                            \
-        if (blockIdx.x == 0 && threadIdx.x == 0) {                                  \
-            unsigned int k_ = kd_probe_count++;                                     \
-            if (k_ < %d) {                                                          \
-                unsigned long long t_;                                              \
-                asm volatile("mov.u64 %%0, %%%%globaltimer;" : "=l"(t_));             \
-                kd_probe_marks[2 * k_] = t_;                                        \
-                kd_probe_marks[2 * k_ + 1] = (unsigned long long)(tag)              \
-                                             | ((unsigned long long)(lvl) << 32);   \
-            }                                                                       \
-        }                                                                           \
-    } while (0)
-""" % (MARKS, MARKS)
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+# block 0's first thread writes (global timer, tag | level << 32): the level loop probe's marks
+from probe_loop_phases import INSTRUMENT, MARKS  # noqa: E402
 
 START, DONE, PASSED = 1, 2, 3  # the marks' tags
 
@@ -80,10 +64,9 @@ def instrumented_package() -> Path:
     for line in path.read_text().split("\n"):
         indent = line[:len(line) - len(line.lstrip())]
         if line.strip() == "grid.sync();":
-            out += [f"{indent}KD_PROBE_MARK({DONE}, level);", line,
-                    f"{indent}KD_PROBE_MARK({PASSED}, level);"]
+            out += [f"{indent}KD_PROBE_MARK({DONE});", line, f"{indent}KD_PROBE_MARK({PASSED});"]
         elif line.strip().startswith("for (int level = first;"):
-            out += [line, f"{indent}    KD_PROBE_MARK({START}, level);"]
+            out += [line, f"{indent}    KD_PROBE_MARK({START});"]
         else:
             out.append(line)
         if line.startswith("namespace cg"):
