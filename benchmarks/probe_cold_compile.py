@@ -7,7 +7,7 @@ build (and then the first ``tree.intersect``) asks for in this process is listed
 source (the package's modules by their ``#line`` file name, CuPy's own kernels by their first
 kernel name), its seconds and its binary's size; then the build's wall time, the sum of those
 compilations and the rest: modules compiled ahead in child processes
-(``kernels.compile_modules``) are in the rest (imports excluded: they ran before the clock)::
+(``compile_ahead.compile_modules``) are in the rest (imports excluded: they ran before the clock)::
 
     CUPY_CACHE_DIR=$(mktemp -d) KDTREE_GPU_CACHE_DIR=$(mktemp -d) \\
         python benchmarks/probe_cold_compile.py stanford_bunny

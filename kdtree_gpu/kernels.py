@@ -43,13 +43,10 @@ per module (its source hash, options, the device's architecture, the CuPy and
 NVRTC versions) under ``KDTREE_GPU_CACHE_DIR`` (default
 ``~/.cache/kdtree_gpu``) remembers that it was compiled.
 
-NVRTC compiles one module at a time within a process (threads overlapped
-little: benchmarks/results/cold_compile_h200.md), so a first build asks
-:func:`compile_modules` for the modules it will run: those without a stamp
-are compiled side by side, one child process each (:func:`main`'s
-``--compile-module``), into CuPy's cache, from which the build then loads
-them. ``KDTREE_GPU_COMPILE_PROCESSES=0`` turns that off
-(each module then compiles in the process, as it is first asked for).
+A first build compiles the modules it will run side by side, one child
+process each, before it asks for any of them
+(:func:`kdtree_gpu.compile_ahead.compile_modules`, which reads and writes the
+same stamps).
 
 Checking the sources without a GPU
 ----------------------------------
@@ -65,15 +62,13 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import NamedTuple, Optional, Sequence
+from typing import Optional, Sequence
 
 from . import encoding
 
@@ -92,23 +87,6 @@ _function_cache: dict = {}
 _cooperative_cache: dict = {}  # (device, file, kernel, block) -> cooperative_function's
 _pointer_cache: dict = {}  # as _function_cache: (CUfunction, the RawKernel keeping it loaded)
 _announced = False
-_ahead_seen: set = set()  # (device, ModuleSpec) that compile_modules looked at in this process
-# file -> the error of compile_modules' last children that failed (their modules
-# then compile in the process, which raises the compiler's own error)
-ahead_failures: dict = {}
-# a child compiling ahead that takes longer than this is given up (the build
-# then compiles that module itself)
-COMPILE_CHILD_TIMEOUT = 900.0
-
-
-class ModuleSpec(NamedTuple):
-    """A module as :func:`get_module` compiles it (its arguments), for
-    :func:`compile_modules`."""
-
-    filename: str
-    options: tuple = ()
-    name_expressions: Optional[tuple] = None
-    cooperative: bool = False
 
 
 def cuda_sources() -> list:
@@ -343,111 +321,14 @@ def _stamp(key: tuple) -> Path:
     return cache_dir() / "gpu_modules" / hashlib.sha1(machine_key.encode()).hexdigest()
 
 
-def _spec_stamp(spec: ModuleSpec) -> Path:
-    code = read_source(spec.filename)
-    names = None if spec.name_expressions is None else tuple(spec.name_expressions)
-    return _stamp((spec.filename, tuple(spec.options), names, spec.cooperative,
+def module_stamp(filename: str, options: Sequence[str] = (), name_expressions=None,
+                 cooperative: bool = False) -> Path:
+    """The stamp file on this machine of the module :func:`get_module` compiles from
+    these arguments (see "First use on a machine" above)."""
+    code = read_source(filename)
+    names = None if name_expressions is None else tuple(name_expressions)
+    return _stamp((filename, tuple(options), names, cooperative,
                    hashlib.sha1(code.encode()).hexdigest()))
-
-
-def compile_modules(specs: Sequence[ModuleSpec], workers: Optional[int] = None) -> list:
-    """Compile side by side the modules of ``specs`` this machine has not compiled.
-
-    A process's first build calls it with the modules it will run. Each
-    module without a stamp (see "First use on a machine" above) is compiled
-    in a child process of its own (``kernels.main``'s ``--compile-module``,
-    on the current device, importing this package), which leaves the binary in
-    CuPy's kernel cache; :func:`get_function` then loads it from there. NVRTC
-    compiles one module at a time within a process, so this is where a first
-    build's compilations overlap: a first build waits about as long as its
-    longest module instead of the sum (NVIDIA H200: `benchmarks/results/
-    cold_start_h200.md`). A child that fails or outlasts
-    :data:`COMPILE_CHILD_TIMEOUT` changes nothing: the build compiles that
-    module itself when it first asks for it, and raises the compiler's error
-    there. Each (device, module) is looked at once per process.
-
-    Parameters
-    ----------
-    specs : sequence of ModuleSpec
-    workers : int, optional
-        Children at once (default: the machine's CPUs). Nothing runs ahead
-        with fewer than two modules to compile or fewer than two workers, or
-        where ``KDTREE_GPU_COMPILE_PROCESSES`` is ``0``.
-
-    Returns
-    -------
-    list of str
-        The files compiled ahead (empty when nothing ran); the children that
-        failed are in :data:`ahead_failures`.
-    """
-    if os.environ.get("KDTREE_GPU_COMPILE_PROCESSES", "1").strip() == "0":
-        return []
-    from .device import require_gpu
-
-    require_gpu("compiling GPU modules")
-    import cupy
-
-    device_id = cupy.cuda.runtime.getDevice()
-    todo = []
-    for spec in dict.fromkeys(ModuleSpec(*spec) for spec in specs):
-        if (device_id, spec) in _ahead_seen:
-            continue
-        _ahead_seen.add((device_id, spec))
-        if not _spec_stamp(spec).exists():
-            todo.append(spec)
-    workers = (os.cpu_count() or 1) if workers is None else int(workers)
-    if len(todo) < 2 or workers < 2:
-        return []
-    global _announced
-    if not _announced:
-        _announced = True
-        print(GPU_COMPILE_MESSAGE.format(arch=cupy.cuda.Device().compute_capability),
-              file=sys.stderr, flush=True)
-    # The children import this very package, and CuPy, from where this process
-    # did: its folder first, then this process's path without the working
-    # directory (with ``python -m`` the working directory came first, and a
-    # checkout there compiled its own sources, whose include path gave CuPy's
-    # cache other keys).
-    path = [str(Path(__file__).resolve().parent.parent)] + [p for p in sys.path if p]
-    child = ("import json, sys; sys.path[:0] = json.loads(sys.argv.pop(1)); "
-             "from kdtree_gpu.kernels import main; sys.exit(main(sys.argv[1:]))")
-
-    def run(spec):
-        command = [sys.executable, "-c", child, json.dumps(path), "--device", str(device_id),
-                   "--compile-module", json.dumps(spec._asdict())]
-        try:
-            done = subprocess.run(command, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True,
-                                  timeout=COMPILE_CHILD_TIMEOUT)
-        except (OSError, subprocess.SubprocessError) as exc:  # (the build compiles it itself)
-            return spec, str(exc)
-        return spec, None if done.returncode == 0 else done.stderr.strip()[-2000:]
-
-    with ThreadPoolExecutor(max_workers=min(workers, len(todo))) as pool:
-        results = list(pool.map(run, todo))
-    ahead_failures.clear()
-    ahead_failures.update((spec.filename, error) for spec, error in results if error)
-    return [spec.filename for spec, error in results if not error]
-
-
-def _compile_child(spec_json: str, device_id: int) -> int:
-    """``--compile-module``: compile one module into CuPy's cache and stamp it."""
-    import cupy
-
-    fields = json.loads(spec_json)
-    spec = ModuleSpec(fields["filename"], tuple(fields.get("options") or ()),
-                      None if fields.get("name_expressions") is None
-                      else tuple(fields["name_expressions"]),
-                      bool(fields.get("cooperative")))
-    with cupy.cuda.Device(device_id):
-        module, stamp = _module_entry(*spec)
-        module.compile()
-        try:
-            stamp.parent.mkdir(parents=True, exist_ok=True)
-            stamp.touch()
-        except OSError:
-            pass
-    return 0
 
 
 def get_function(filename: str, name: str, options: Sequence[str] = (), name_expressions=None,
@@ -553,6 +434,14 @@ def cache_dir() -> Path:
     return Path(os.environ.get("KDTREE_GPU_CACHE_DIR") or Path.home() / ".cache" / "kdtree_gpu")
 
 
+def announce_compile(arch: str = "") -> None:
+    """Print :data:`GPU_COMPILE_MESSAGE` on stderr, at most once per process."""
+    global _announced
+    if not _announced:
+        _announced = True
+        print(GPU_COMPILE_MESSAGE.format(arch=arch), file=sys.stderr, flush=True)
+
+
 def compile_announced(stamp: Path, compile_, arch: str = ""):
     """Run ``compile_()``, first saying so on stderr if ``stamp`` does not exist.
 
@@ -564,11 +453,9 @@ def compile_announced(stamp: Path, compile_, arch: str = ""):
     -------
     What ``compile_()`` returns.
     """
-    global _announced
     known = stamp.exists()
-    if not known and not _announced:
-        _announced = True
-        print(GPU_COMPILE_MESSAGE.format(arch=arch), file=sys.stderr, flush=True)
+    if not known:
+        announce_compile(arch)
     result = compile_()
     if not known:
         try:
@@ -585,7 +472,6 @@ def clear_cache() -> None:
     _function_cache.clear()
     _pointer_cache.clear()
     _cooperative_cache.clear()
-    _ahead_seen.clear()
 
 
 def find_nvcc() -> Optional[str]:
@@ -655,12 +541,7 @@ def main(argv=None) -> int:
     parser.add_argument("--write-defines", metavar="PATH",
                         help="write the KD_* define block to PATH and exit")
     parser.add_argument("files", nargs="*", help="sources to check (default: all)")
-    # (compile_modules' children)
-    parser.add_argument("--compile-module", metavar="SPEC", help=argparse.SUPPRESS)
-    parser.add_argument("--device", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.compile_module:
-        return _compile_child(args.compile_module, args.device)
     if args.write_defines:
         print(write_defines_header(args.write_defines))
         return 0

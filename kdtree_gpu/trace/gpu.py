@@ -45,7 +45,7 @@ import threading
 import numpy as np
 
 from .. import encoding as enc
-from ..kernels import ModuleSpec, get_function, get_function_pointer
+from ..kernels import get_function, get_function_pointer
 from ..launch import DEFAULT_BLOCK, launch
 from ..packed_launch import PackedLaunch
 from ..primitives.scan import inclusive_scan
@@ -78,10 +78,7 @@ if field_names(TraceParams)[-len(_QUERY_FIELDS):] != _QUERY_FIELDS:
 BRUTE_SOURCE = "brute.cu"
 _KERNEL_NAMES = {(a, c): f"kd_trace<{'true' if a else 'false'}, {'true' if c else 'false'}>"
                  for a in (False, True) for c in (False, True)}
-_TRACE_NAME_EXPRESSIONS = tuple(_KERNEL_NAMES.values())
-# the module every traverse.cu kernel comes from (a build packs its layout with
-# it: kdtree_gpu.kernels.compile_modules)
-TRAVERSE_MODULE = ModuleSpec(TRAVERSE_SOURCE, name_expressions=_TRACE_NAME_EXPRESSIONS)
+TRACE_NAME_EXPRESSIONS = tuple(_KERNEL_NAMES.values())  # (every traverse.cu kernel's module)
 _DESCRIPTIONS = {(False, False): "trace closest hit", (True, False): "trace any hit",
                  (False, True): "trace closest hit counted", (True, True): "trace any hit counted"}
 
@@ -325,12 +322,12 @@ def _trace_function(any_hit, counted, device_id=None) -> int:
 # Every kernel of traverse.cu comes from one module (the same name
 # expressions), so that the source is compiled once, not once per lookup style.
 def _traverse_function(name, device_id=None) -> int:
-    return get_function_pointer(TRAVERSE_SOURCE, name, name_expressions=_TRACE_NAME_EXPRESSIONS,
+    return get_function_pointer(TRAVERSE_SOURCE, name, name_expressions=TRACE_NAME_EXPRESSIONS,
                                 device_id=device_id)
 
 
 def _traverse_kernel(name):
-    return get_function(TRAVERSE_SOURCE, name, name_expressions=_TRACE_NAME_EXPRESSIONS)
+    return get_function(TRAVERSE_SOURCE, name, name_expressions=TRACE_NAME_EXPRESSIONS)
 
 
 def prepared_launch(tree, origins, directions, tmin=0.0, tmax=np.inf, any_hit=False):

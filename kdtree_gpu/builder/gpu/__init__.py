@@ -31,10 +31,10 @@ import numpy as np
 
 from ... import encoding as enc
 from ...device import cooperative_launch
-from ...kernels import ModuleSpec, compile_modules
+from ...compile_ahead import ModuleSpec, compile_modules
 from ...launch import stage
 from ...primitives.scan import PRIMITIVES_SOURCE
-from ...trace.gpu import TRAVERSE_MODULE, pack_layout
+from ...trace.gpu import TRACE_NAME_EXPRESSIONS, TRAVERSE_SOURCE, pack_layout
 from ..soa import EventSoA, NodeSoA, RefSoA
 from ..settings import DEFAULT_SETTINGS
 from .level_costs import CANDIDATE_MODULE, STAGE_MODULE
@@ -94,7 +94,7 @@ class LoopState:
 
 def build_modules(cfg, settings, num_triangles: int, grid: bool, cooperative: bool) -> tuple:
     """The modules a build of ``num_triangles`` triangles runs, as far as they are
-    known before its first kernel (:func:`kdtree_gpu.kernels.compile_modules`
+    known before its first kernel (:func:`kdtree_gpu.compile_ahead.compile_modules`
     compiles those a machine lacks side by side).
 
     The root's events are taken as six a triangle (fewer where triangles are
@@ -111,10 +111,12 @@ def build_modules(cfg, settings, num_triangles: int, grid: bool, cooperative: bo
 
     Returns
     -------
-    tuple of kdtree_gpu.kernels.ModuleSpec
+    tuple of kdtree_gpu.compile_ahead.ModuleSpec
     """
     events = 6 * int(num_triangles)
-    specs = [ModuleSpec(PRIMITIVES_SOURCE), TRAVERSE_MODULE, STAGE_MODULE]
+    specs = [ModuleSpec(PRIMITIVES_SOURCE), STAGE_MODULE,
+             # (the traversal layout's)
+             ModuleSpec(TRAVERSE_SOURCE, name_expressions=TRACE_NAME_EXPRESSIONS)]
     if grid:
         specs.append(loop_module(cfg.clip, events <= settings.loop_one_block_events))
     if not grid or events > settings.loop_max_events:

@@ -14,7 +14,8 @@ import dataclasses
 import numpy as np
 
 from ... import encoding as enc
-from ...kernels import ModuleSpec, get_function
+from ...compile_ahead import ModuleSpec
+from ...kernels import get_function
 from ...launch import launch
 from ...primitives import inclusive_scan, tile_scan
 from ..soa import BestSplit
@@ -36,7 +37,7 @@ def _candidate_kernel(name):
 
 
 # what every build compiles (the root) and what a level run by stages adds
-# (kdtree_gpu.kernels.compile_modules)
+# (kdtree_gpu.compile_ahead.compile_modules)
 STAGE_MODULE, CANDIDATE_MODULE = ModuleSpec(STAGE_SOURCE), ModuleSpec(CANDIDATE_SOURCE)
 
 

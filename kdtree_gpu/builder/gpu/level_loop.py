@@ -15,7 +15,8 @@ import functools
 import numpy as np
 
 from ... import encoding as enc
-from ...kernels import ModuleSpec, cooperative_function
+from ...compile_ahead import ModuleSpec
+from ...kernels import cooperative_function
 from ...launch import launch, stage
 from ..settings import widest_level
 from ..soa import (EventSoA, LevelScratch, LevelSizes, LoopCapacity, LoopSettings, NodeSoA,
@@ -34,7 +35,7 @@ LOOP_ENTRIES = {(False, False): ("build_loop.cu", "kd_build_levels_grid"),
 
 def loop_module(clip: bool = False, one_block: bool = False) -> ModuleSpec:
     """The module of :func:`level_loop_kernel`'s kernel
-    (:func:`kdtree_gpu.kernels.compile_modules`)."""
+    (:func:`kdtree_gpu.compile_ahead.compile_modules`)."""
     return ModuleSpec(LOOP_ENTRIES[bool(clip), bool(one_block) and not clip][0], cooperative=True)
 
 

@@ -26,7 +26,8 @@ import dataclasses
 import numpy as np
 
 from ... import encoding as enc
-from ...kernels import ModuleSpec, get_function
+from ...compile_ahead import ModuleSpec
+from ...kernels import get_function
 from ...launch import launch, stage
 from ...primitives import compact_indices, radix_sort, tile_scan
 from ..soa import EventSoA, NodeSoA, RefSoA
@@ -35,7 +36,7 @@ from .level_costs import stage_kernel as _kernel
 from .workspace import pooled
 
 _CLIP_SOURCE = "clip.cu"
-CLIP_MODULE = ModuleSpec(_CLIP_SOURCE)  # perfect splits' (kdtree_gpu.kernels.compile_modules)
+CLIP_MODULE = ModuleSpec(_CLIP_SOURCE)  # perfect splits' (compile_ahead.compile_modules)
 i64, f64 = np.int64, np.float64
 
 

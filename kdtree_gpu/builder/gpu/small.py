@@ -26,7 +26,8 @@ import numpy as np
 
 from ... import encoding as enc
 from ...device import multiprocessors
-from ...kernels import ModuleSpec, cooperative_function, get_function
+from ...compile_ahead import ModuleSpec
+from ...kernels import cooperative_function, get_function
 from ...launch import launch, stage
 from ..soa import LoopSettings, TreeNodeSoA
 from .workspace import arrays_in_one_block, lasting, make_room, pooled, uploaded
@@ -52,7 +53,7 @@ _LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
 def subtree_modules(settings, cooperative: bool) -> tuple:
     """The modules :func:`build_small_subtrees` runs on a device that can
     (``cooperative``) or cannot launch cooperatively
-    (:func:`kdtree_gpu.kernels.compile_modules`)."""
+    (:func:`kdtree_gpu.compile_ahead.compile_modules`)."""
     grid = cooperative and settings.small_grid and settings.small_refs <= enc.SMALL_MAX_REFS
     return ((ModuleSpec(_GRID_SOURCE, cooperative=True) if grid else ModuleSpec(_SOURCE)),
             ModuleSpec(_LEAVES_SOURCE))

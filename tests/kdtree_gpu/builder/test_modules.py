@@ -1,5 +1,5 @@
 """Which CUDA modules a GPU build compiles (``builder/gpu.build_modules``), and the
-first build's compilations side by side (``kernels.compile_modules``)."""
+first build's compilations side by side (``compile_ahead.compile_modules``)."""
 
 import json
 import os
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import kdtree_gpu as kd
-from kdtree_gpu import SAHConfig, kernels
+from kdtree_gpu import SAHConfig, compile_ahead, kernels
 from kdtree_gpu import encoding as enc
 from kdtree_gpu.builder import GpuSettings
 from kdtree_gpu.builder.gpu import build_modules
@@ -68,8 +68,8 @@ def test_small_meshes_and_medium_nodes():
 
 def test_compile_ahead_can_be_turned_off(monkeypatch):
     monkeypatch.setenv("KDTREE_GPU_COMPILE_PROCESSES", "0")
-    assert kernels.compile_modules([kernels.ModuleSpec("primitives.cu"),
-                                    kernels.ModuleSpec("build.cu")]) == []
+    assert compile_ahead.compile_modules([compile_ahead.ModuleSpec("primitives.cu"),
+                                          compile_ahead.ModuleSpec("build.cu")]) == []
 
 
 # (config, settings, kernels) of builds that take each path: the loop with one
@@ -96,9 +96,9 @@ def test_a_build_asks_only_for_the_modules_it_listed(cfg, settings, loop, monkey
     entry = kernels._module_entry
 
     def recorded(filename, options, name_expressions, cooperative):
-        asked.append(kernels.ModuleSpec(filename, tuple(options),
-                                        None if name_expressions is None
-                                        else tuple(name_expressions), cooperative))
+        asked.append(compile_ahead.ModuleSpec(filename, tuple(options),
+                                              None if name_expressions is None
+                                              else tuple(name_expressions), cooperative))
         return entry(filename, options, name_expressions, cooperative)
 
     monkeypatch.setattr(kernels, "_module_entry", recorded)
@@ -109,22 +109,23 @@ def test_a_build_asks_only_for_the_modules_it_listed(cfg, settings, loop, monkey
                                cooperative=coop))
     assert set(asked) <= listed, set(asked) - listed
     # the build ran what the list is about
-    assert kernels.ModuleSpec("build.cu") in asked
+    assert compile_ahead.ModuleSpec("build.cu") in asked
     if loop == "fused" and coop:
         assert any(spec.filename.startswith("build_loop") for spec in asked)
     if tree.build_info.get("small_subtrees"):
-        assert kernels.ModuleSpec("build_small_leaves.cu") in asked
+        assert compile_ahead.ModuleSpec("build_small_leaves.cu") in asked
 
 
 @pytest.mark.gpu
 @needs_gpu
 def test_modules_compiled_ahead_are_loaded_not_compiled_again(tmp_path):
     # a machine with empty caches, in a process of its own: the children compile,
-    # the parent then finds every binary in CuPy's cache
+    # the parent then finds every binary in CuPy's cache; a later process finds
+    # the children's stamps and compiles nothing
     code = """
 import json
 import cupy.cuda.compiler as compiler
-from kdtree_gpu import kernels
+from kdtree_gpu import compile_ahead, kernels
 compiled = []
 nvrtc = compiler._compile_using_nvrtc_no_warning
 def counted(source, *args, **kwargs):
@@ -132,13 +133,12 @@ def counted(source, *args, **kwargs):
         compiled.append(source.split('#line 1 "')[1].split('"')[0])
     return nvrtc(source, *args, **kwargs)
 compiler._compile_using_nvrtc_no_warning = counted
-specs = [kernels.ModuleSpec("primitives.cu"), kernels.ModuleSpec("build_small_leaves.cu")]
-ahead = kernels.compile_modules(specs, workers=2)
+specs = [compile_ahead.ModuleSpec("primitives.cu"),
+         compile_ahead.ModuleSpec("build_small_leaves.cu")]
+ahead = compile_ahead.compile_modules(specs, workers=2)
 for spec in specs:
     kernels.get_module(*spec).compile()
-kernels.clear_cache()
-print(json.dumps({"ahead": ahead, "in_process": compiled,
-                  "again": kernels.compile_modules(specs, workers=2)}))
+print(json.dumps({"ahead": ahead, "in_process": compiled}))
 """
     env = dict(os.environ, CUPY_CACHE_DIR=str(tmp_path / "cupy"),
                KDTREE_GPU_CACHE_DIR=str(tmp_path / "kd"))
@@ -146,13 +146,19 @@ print(json.dumps({"ahead": ahead, "in_process": compiled,
     root = str(kernels.CUDA_DIR.parent.parent)
     # (run elsewhere, with this package first on the path: the children must
     # import the parent's package, not one in the working directory)
-    proc = subprocess.run([sys.executable, "-c", f"import sys; sys.path.insert(0, {root!r})\n"
-                           + code], env=env, capture_output=True, text=True, timeout=600,
-                          cwd=tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    def process():
+        proc = subprocess.run([sys.executable, "-c",
+                               f"import sys; sys.path.insert(0, {root!r})\n" + code],
+                              env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+    result, err = process()
     assert result["ahead"] == ["primitives.cu", "build_small_leaves.cu"]
     assert result["in_process"] == []
-    assert result["again"] == []  # stamped by the children
-    assert "compiling GPU kernels" in proc.stderr
+    assert "compiling GPU kernels" in err
     assert len(list((tmp_path / "kd" / "gpu_modules").iterdir())) == 2
+    # a later process: stamped by the children, nothing compiled anywhere
+    result, err = process()
+    assert result == {"ahead": [], "in_process": []}
+    assert "compiling" not in err
