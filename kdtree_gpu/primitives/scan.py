@@ -19,6 +19,7 @@ from ..launch import launch, stage
 
 PRIMITIVES_SOURCE = "primitives.cu"  # the kernels of this package (kdtree_gpu/cuda)
 
+
 def _scan_dtype(x, dtype):
     if dtype is not None:
         return np.dtype(dtype)
