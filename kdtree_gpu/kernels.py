@@ -292,28 +292,34 @@ def _module_entry(filename, options, name_expressions, cooperative) -> tuple:
     require_gpu(f"compiling {filename}")
     import cupy
 
-    code = read_source(filename)
-    options = tuple(options)
-    names = None if name_expressions is None else tuple(name_expressions)
-    device_id = cupy.cuda.runtime.getDevice()
-    key = (device_id, filename, options, names, cooperative,
-           hashlib.sha1(code.encode()).hexdigest())
+    code, identity = _module_identity(filename, options, name_expressions, cooperative)
+    key = (cupy.cuda.runtime.getDevice(), *identity)
     entry = _module_cache.get(key)
     if entry is None:
+        _, options, names, _, _ = identity
         module = cupy.RawModule(
             code=code,
             options=compile_options(options),
             name_expressions=names,
             enable_cooperative_groups=cooperative,
         )
-        entry = _module_cache[key] = (module, _stamp(key[1:]))
+        entry = _module_cache[key] = (module, _stamp(identity))
     return entry
 
 
+def _module_identity(filename, options, name_expressions, cooperative) -> tuple:
+    """``(code, identity)``: a module's source and what identifies it on any device,
+    ``(file, options, name expressions, cooperative, source hash)``."""
+    code = read_source(filename)
+    names = None if name_expressions is None else tuple(name_expressions)
+    return code, (filename, tuple(options), names, cooperative,
+                  hashlib.sha1(code.encode()).hexdigest())
+
+
 def _stamp(key: tuple) -> Path:
-    """The stamp file of a module (``key``: file, options, name expressions,
-    cooperative, source hash) on this machine: its identity on any device of the
-    current device's architecture and this CuPy and NVRTC."""
+    """The stamp file of a module (``key``: :func:`_module_identity`'s identity) on
+    this machine: the module on any device of the current device's architecture
+    and this CuPy and NVRTC."""
     import cupy
 
     machine_key = repr((key, compile_options(key[1]), cupy.cuda.Device().compute_capability,
@@ -325,10 +331,7 @@ def module_stamp(filename: str, options: Sequence[str] = (), name_expressions=No
                  cooperative: bool = False) -> Path:
     """The stamp file on this machine of the module :func:`get_module` compiles from
     these arguments (see "First use on a machine" above)."""
-    code = read_source(filename)
-    names = None if name_expressions is None else tuple(name_expressions)
-    return _stamp((filename, tuple(options), names, cooperative,
-                   hashlib.sha1(code.encode()).hexdigest()))
+    return _stamp(_module_identity(filename, options, name_expressions, cooperative)[1])
 
 
 def get_function(filename: str, name: str, options: Sequence[str] = (), name_expressions=None,
