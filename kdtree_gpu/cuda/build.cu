@@ -527,6 +527,24 @@ extern "C" __global__ void kd_morton_permute(const unsigned long long* __restric
     valid[i] = (long long)(key >> 63 == 0);
 }
 
+// The finished tree's node records, at their exact size, out of the output's
+// one or two pages (node i in `lo` below node_split, else row i - node_split of
+// `hi`; without a second page the split lies past every index): one launch
+// and one block for the four arrays instead of a copy (or a join of the two
+// pages) each (kdtree_gpu/builder/gpu/output.py, TreeOutput.finish).
+extern "C" __global__ void kd_finish_nodes(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
+                                           long long num_nodes, KdTreeNodes out)
+{
+    const long long i = kd_tid();
+    if (i >= num_nodes) return;
+    const KdTreeNodes& t = i < node_split ? lo : hi;
+    const long long k = i < node_split ? i : i - node_split;
+    out.node_axis[i] = t.node_axis[k];
+    out.node_split[i] = t.node_split[k];
+    out.node_child[i] = t.node_child[k];
+    out.node_count[i] = t.node_count[k];
+}
+
 // The finished tree's leaves named by the given triangle indices again
 // (order[build index]), each leaf ascending: a leaf of at most
 // KD_LEAF_SORT_MAX entries is sorted by its thread as its entries are renamed

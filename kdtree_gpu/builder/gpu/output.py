@@ -11,7 +11,9 @@ from __future__ import annotations
 import numpy as np
 
 from ... import encoding as enc
+from ...launch import launch
 from ..soa import TreeNodeSoA
+from .level_costs import stage_kernel
 from .workspace import (arrays_in_one_block, pooled as workspace_pooled,
                         release_tree_blocks, tree_blocks)
 
@@ -19,6 +21,9 @@ from .workspace import (arrays_in_one_block, pooled as workspace_pooled,
 # bytes a finished small tree's block may hold beyond the tree instead of being copied
 VIEW_SLACK = 1 << 17
 NO_PAGE = 1 << 62  # the page split of a TreeOutput without a second page: past every index
+# bytes of a tree node (every TreeNodeSoA field) and of a leaf entry
+NODE_BYTES = sum(dtype.itemsize for _, dtype in TreeNodeSoA.shapes(1).values())
+LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
 
 
 def grown(xp, arr, rows: int, keep: int):
@@ -208,12 +213,32 @@ class TreeOutput:
         self.leaf_final = True
         self.more_leaf, self.leaf_split = None, NO_PAGE
 
+    def copy_bytes(self, num_nodes: int, num_leaf_refs: int) -> int:
+        """The most bytes :meth:`finish` makes for a tree of these sizes (the node
+        arrays, and the leaf list unless the tree's own is set)."""
+        return num_nodes * NODE_BYTES + (0 if self.leaf_final else num_leaf_refs * LEAF_BYTES)
+
+    def _copy_nodes(self, made, num_nodes: int) -> None:
+        """Write the first ``num_nodes`` node records of both pages into ``made``
+        (a :class:`TreeNodeSoA` of that size): one launch of ``kd_finish_nodes``."""
+        more = self.more_nodes if self.more_nodes is not None else self.nodes
+        if self.cp is np:  # (NumPy standing in for CuPy: the tests without a GPU)
+            split = min(self.node_split, num_nodes)
+            for a, first, second in zip(made.args(), self.nodes.args(), more.args()):
+                a[:split] = first[:split]
+                a[split:] = second[:num_nodes - split]
+            return
+        launch("finish tree: nodes", stage_kernel("kd_finish_nodes"), num_nodes,
+               (self.nodes.struct(), more.struct(), np.int64(self.node_split),
+                np.int64(num_nodes), made.struct()))
+
     def finish(self, num_nodes: int, num_leaf_refs: int, keep_below: int = 0) -> dict:
         """The tree's device arrays at their exact sizes.
 
-        Each is a copy made with the current allocator (the caller's), so
-        that the buffers can go back with the build's workspace; except
-        that, when the output is not pooled, a block of fewer than
+        Copies made with the current allocator (the caller's), so that the
+        buffers can go back with the build's workspace: the four node arrays
+        cut from one new block, the leaf list one array; except that, when
+        the output is not pooled, a block of fewer than
         ``keep_below`` bytes (the caller's allocator made it, not the
         workspace) that holds at most :data:`VIEW_SLACK` bytes beyond the
         tree is returned as views: a small build saves five copies and holds
@@ -233,18 +258,24 @@ class TreeOutput:
         # the pooled block is the workspace's: it goes back with the build
         views = (not self.pooled and self.block_bytes < keep_below
                  and self.block_bytes - used <= VIEW_SLACK)
-
-        def joined(first, more, split, n):
-            # the first n rows: the first page's below split, then the second
-            # page's (add_page, extend); one page's cut or viewed
-            if more is not None and n > split:
-                return self.cp.concatenate([first[:split], more[:n - split]])
-            return first[:n] if views else first[:n].copy()
-
-        more = self.more_nodes.arrays() if self.more_nodes is not None else {}
-        arrays = {name: joined(a, more.get(name), self.node_split, num_nodes)
-                  for name, a in nodes.items()}
-        arrays["leaf_tris"] = self.leaf if final_leaf else joined(
-            self.leaf, self.more_leaf, self.leaf_split, num_leaf_refs)
+        if views:
+            arrays = {name: a[:num_nodes] for name, a in nodes.items()}
+        else:
+            # the four node arrays in one block, written from both pages by one
+            # launch (a copy or a join of the pages each cost a small build
+            # about 0.2 ms of host time)
+            made = TreeNodeSoA(*arrays_in_one_block(
+                self.cp, [((num_nodes,), a.dtype) for a in nodes.values()]))
+            self._copy_nodes(made, num_nodes)
+            arrays = made.arrays()
+        if final_leaf:
+            arrays["leaf_tris"] = self.leaf
+        elif self.more_leaf is not None and num_leaf_refs > self.leaf_split:
+            # the first page's entries below the split, then the second page's
+            arrays["leaf_tris"] = self.cp.concatenate(
+                [self.leaf[:self.leaf_split], self.more_leaf[:num_leaf_refs - self.leaf_split]])
+        else:
+            leaf = self.leaf[:num_leaf_refs]
+            arrays["leaf_tris"] = leaf if views else leaf.copy()
         self.nodes = self.leaf = self.more_nodes = self.more_leaf = None
         return arrays

@@ -29,8 +29,9 @@ from ...device import multiprocessors
 from ...compile_ahead import ModuleSpec
 from ...kernels import cooperative_function, get_function
 from ...launch import launch, stage
-from ..soa import LoopSettings, TreeNodeSoA
-from .workspace import arrays_in_one_block, lasting, make_room, pooled, uploaded
+from ..soa import LoopSettings
+from .output import LEAF_BYTES, NODE_BYTES
+from .workspace import arrays_in_one_block, lasting, make_room, pooled, size_class, uploaded
 
 _SOURCE = "build_small.cu"
 _GRID_SOURCE = "build_small_grid.cu"  # the same levels in one cooperative launch
@@ -45,9 +46,6 @@ MEDIUM_BLOCKS_PER_SM = 16
 # that peak kept free as a margin for the estimate
 MORE_NODES_PER_REF = 2.5
 PEAK_MARGIN = 1 / 16
-# bytes of a tree node (every TreeNodeSoA field) and of a leaf entry
-_NODE_BYTES = sum(dtype.itemsize for _, dtype in TreeNodeSoA.shapes(1).values())
-_LEAF_BYTES = np.dtype(enc.LEAF_TRIS_DTYPE).itemsize
 
 
 def subtree_modules(settings, cooperative: bool) -> tuple:
@@ -248,6 +246,9 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
         counters.set(sizes)
         # the blocks made again go back (the read left nothing running)
         state.workspace.release_unused()
+    # the largest block the stage's buffers held: free once they go (the leaf
+    # packing's offsets are cut from it where they fit)
+    freed = max(a[0].data.mem.size for a in buffers)
     del buffers, staged, deferred_medium  # (the first read passed the pinned copy)
     rows = sizes[enc.SMALL_COUNTERS:].reshape(-1, row)
     live = int(np.count_nonzero(rows[:, enc.SMALL_LEVEL_REFS]))
@@ -259,7 +260,7 @@ def build_small_subtrees(cp, cfg, tri_lo, tri_hi, state, out, max_depth, setting
     num_leaf_refs = state.leaf_ref_base + int(rows[:, enc.SMALL_LEVEL_LEAVES].sum())
     packed = num_leaf_refs - int(sizes[enc.SMALL_HOLES])
     with stage(xp=cp, description="small subtrees: pack leaves"):
-        out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed))
+        out.set_final_leaf(pack_leaves(cp, out, num_nodes, packed, freed))
     state.level_base, state.leaf_ref_base = num_nodes, packed
     return int(sizes[enc.SMALL_DEPTH])
 
@@ -322,17 +323,17 @@ def room_under_peak(workspace, out, state, caps, events_bytes=0) -> int:
     (:func:`pack_leaves` cuts its offsets from the buffers' block) and the
     copies the finished tree makes (:meth:`.output.TreeOutput.finish`), the
     last two taken at a first room's worth of leaf entries and nodes. Each
-    added node costs the page ``_NODE_BYTES``, and the copies as much again
+    added node costs the page ``NODE_BYTES``, and the copies as much again
     where they are (or become) the larger. (On happy Buddha, 100k triangles, an estimate
     without the packed leaf list let the peak rise by 22 bytes per triangle
     at 2.5 more nodes per reference.) ``events_bytes``: both buffers of the
     medium nodes' events, beside the stage's other buffers.
     """
     cap_tree, cap_leaves, cap_recs, cap_refs = (int(c) for c in caps[:4])
-    leaves = _LEAF_BYTES * (state.leaf_ref_base + cap_leaves)
-    tree_room = _NODE_BYTES * (state.level_base + cap_tree) + leaves  # (the copies at most)
-    page = (_NODE_BYTES * max(0, state.level_base + cap_tree - out.node_capacity)
-            + _LEAF_BYTES * max(0, state.leaf_ref_base + cap_leaves - out.leaf_capacity))
+    leaves = LEAF_BYTES * (state.leaf_ref_base + cap_leaves)
+    tree_room = NODE_BYTES * (state.level_base + cap_tree) + leaves  # (the copies at most)
+    page = (NODE_BYTES * max(0, state.level_base + cap_tree - out.node_capacity)
+            + LEAF_BYTES * max(0, state.leaf_ref_base + cap_leaves - out.leaf_capacity))
     # two of each, int32 (and the medium nodes' events: events_bytes)
     buffers = 2 * 4 * (cap_recs * enc.SMALL_RECORD + cap_refs) + events_bytes
     need = workspace.footprint() + page + max(buffers + leaves, tree_room)
@@ -340,7 +341,7 @@ def room_under_peak(workspace, out, state, caps, events_bytes=0) -> int:
     most = int(MORE_NODES_PER_REF * state.deferred_refs)
     # a node costs the page its bytes, and the copies as much while they are the larger
     gap = max(0, buffers + leaves - tree_room)
-    nodes = spare // _NODE_BYTES if spare <= gap else (spare + gap) // (2 * _NODE_BYTES)
+    nodes = spare // NODE_BYTES if spare <= gap else (spare + gap) // (2 * NODE_BYTES)
     return max(0, min(most, nodes))
 
 
@@ -376,9 +377,11 @@ def _stage_buffers(cp, cap_recs, cap_refs, cap_events=1):
                                               (events, np.uint16)]))
 
 
-def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
+def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int, freed: int = 0):
     """The leaf list without unused entries, leaves pointed at their new ranges
-    (made with the caller's allocator: it is the tree's).
+    (made with the caller's allocator: it is the tree's). ``freed``: the bytes
+    of the largest free block of the workspace pool (the subtree stage's
+    buffers), from which the offsets are cut where they fit.
 
     Returns
     -------
@@ -389,8 +392,12 @@ def pack_leaves(cp, out, num_nodes: int, num_leaf_refs: int):
     # The counts become the offsets in place: a second int64 per node did not
     # fit in the freed subtree buffers and was the bunny's peak (H100: 65 of
     # its 549 bytes per triangle). The freed buffers go back first where they
-    # would hold the peak beside the offsets and the packed list.
-    make_room(8 * (num_nodes + 1) + num_leaf_refs * _LEAF_BYTES)
+    # would hold the peak beside the packed list, and beside the offsets
+    # where these are not cut from them (giving them back and making the
+    # offsets anew cost the bunny's build 0.16 ms of host time, H200).
+    offsets_bytes = 8 * (num_nodes + 1)
+    make_room(num_leaf_refs * LEAF_BYTES + (0 if size_class(offsets_bytes) <= freed
+                                              else offsets_bytes))
     with pooled():  # a temporary: cut from the freed subtree buffers where it fits
         offsets = cp.empty(num_nodes + 1, dtype=np.int64)
         lo, leaf_lo, hi, leaf_hi, node_split, leaf_split = out.page_args()[:6]

@@ -6,6 +6,7 @@ views of small buffers (bounded slack) and copies of the others.
 """
 
 import numpy as np
+import pytest
 
 from kdtree_gpu.builder.gpu.output import VIEW_SLACK, TreeOutput, grown
 
@@ -98,8 +99,11 @@ def test_a_packed_leaf_list_is_handed_over_as_it_is():
 def test_a_view_never_holds_more_than_the_slack():
     rows = VIEW_SLACK // 13 + 1000  # 13 bytes per node: more than VIEW_SLACK unused bytes
     out = TreeOutput(np, rows, 16)
+    block = out.leaf.base
     arrays = out.finish(999, 16, keep_below=1 << 30)
-    assert all(a.base is None for a in arrays.values())  # copies
+    # copies: the node arrays cut from one new block, the leaf list its own array
+    assert not any(np.shares_memory(a, block) for a in arrays.values())
+    assert len({a.base.ctypes.data for k, a in arrays.items() if k != "leaf_tris"}) == 1
     # within the slack: views of the one block
     out = TreeOutput(np, 2000, 16)
     block = out.leaf.base
@@ -204,3 +208,31 @@ def test_a_page_made_again_keeps_nothing_for_a_level_that_began_in_the_first_blo
     out.more_nodes.node_child[:5] = 7
     out.add_page(True, 8, 6)  # the level that found room full began at node 8
     assert out.node_split == 10 and out.more_nodes.size == 6 and out.node_capacity == 16
+
+
+@pytest.mark.gpu
+def test_the_finish_kernel_joins_the_pages_as_numpy_does():
+    # kd_finish_nodes (CuPy) against the NumPy join of the same two pages
+    import cupy as cp
+
+    rng = np.random.default_rng(5)
+    contents = None
+    finished = []
+    for xp in (np, cp):
+        out = TreeOutput(xp, 300, 40)
+        out.extend(700, 40)  # nodes 300.. in a second page
+        pages = [*out.nodes.args(), *out.more_nodes.args()]
+        if contents is None:
+            contents = [rng.integers(-100, 100, a.shape).astype(a.dtype) for a in pages]
+        for a, c in zip(pages, contents):
+            a[...] = xp.asarray(c)
+        out.leaf[:40] = xp.arange(40, dtype=out.leaf.dtype)
+        arrays = out.finish(650, 40)
+        finished.append({k: cp.asnumpy(a) if xp is cp else a for k, a in arrays.items()})
+    host, device = finished
+    for name in host:
+        assert host[name].dtype == device[name].dtype
+        assert np.array_equal(host[name], device[name]), name
+    # node i >= 300 is row i - 300 of the second page (node_child: the 7th of the pages)
+    assert np.array_equal(host["node_child"][300:], contents[6][:350])
+    assert np.array_equal(host["node_child"][:300], contents[2])

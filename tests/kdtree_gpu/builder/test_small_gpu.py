@@ -222,7 +222,7 @@ def test_the_subtree_stage_takes_the_node_room_the_peak_leaves():
     # margin) in the tree's second page, and as much again once the finished
     # tree's copies outgrow the stage's buffers (here past 15,546 nodes: the
     # buffers and packed leaf list, 966,016 bytes, against the copies' 763,908)
-    assert small.PEAK_MARGIN == 1 / 16 and small._NODE_BYTES == 13  # (the numbers below)
+    assert small.PEAK_MARGIN == 1 / 16 and small.NODE_BYTES == 13  # (the numbers below)
     free = [h for h in range(0, 40_000_000, 52_000) if 3000 < _room(h) < most - 3000]
     assert free  # (each a multiple of 16: 15/16 of it is exact)
     h = next(h for h in free if _room(h) < 12_000)
