@@ -262,8 +262,8 @@ class TreeOutput:
             arrays = {name: a[:num_nodes] for name, a in nodes.items()}
         else:
             # the four node arrays in one block, written from both pages by one
-            # launch (a copy or a join of the pages each cost a small build
-            # about 0.2 ms of host time)
+            # launch (a copy or a join of the pages each: 0.23 ms of the bunny's
+            # host time against 0.09-0.10 for this, H200)
             made = TreeNodeSoA(*arrays_in_one_block(
                 self.cp, [((num_nodes,), a.dtype) for a in nodes.values()]))
             self._copy_nodes(made, num_nodes)
