@@ -3,6 +3,7 @@
 // scans of one build stage (the stage functions of build_stages.cuh), plus
 // the scans, mesh preparation and root events.
 #include "build_stages.cuh"
+#include "tree_pages.cuh"
 
 // Stage compute_split_costs, part 1, of small levels: the exclusive scan of each
 // event's packed (opens, closes) counts (KdLoadOpenClose) in one block, whole (the
@@ -528,17 +529,17 @@ extern "C" __global__ void kd_morton_permute(const unsigned long long* __restric
 }
 
 // The finished tree's node records, at their exact size, out of the output's
-// one or two pages (node i in `lo` below node_split, else row i - node_split of
-// `hi`; without a second page the split lies past every index): one launch
-// and one block for the four arrays instead of a copy (or a join of the two
-// pages) each (kdtree_gpu/builder/gpu/output.py, TreeOutput.finish).
+// one or two pages (KdSmallTree): one launch and one block for the four arrays
+// instead of a copy (or a join of the two pages) each
+// (kdtree_gpu/builder/gpu/output.py, TreeOutput.finish).
 extern "C" __global__ void kd_finish_nodes(KdTreeNodes lo, KdTreeNodes hi, long long node_split,
                                            long long num_nodes, KdTreeNodes out)
 {
+    const KdSmallTree tree = {lo, hi, nullptr, nullptr, node_split, 0};
     const long long i = kd_tid();
     if (i >= num_nodes) return;
-    const KdTreeNodes& t = i < node_split ? lo : hi;
-    const long long k = i < node_split ? i : i - node_split;
+    const KdTreeNodes& t = tree.page(i);
+    const long long k = tree.page_index(i);
     out.node_axis[i] = t.node_axis[k];
     out.node_split[i] = t.node_split[k];
     out.node_child[i] = t.node_child[k];
